@@ -1,0 +1,134 @@
+"""create_app(): the FastAPI application, its lifespan (store, queue, reconciler) and middleware."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import Depends, FastAPI
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.config import Settings, get_settings
+from app.db import Store
+from app.deps import Services, require_token
+from app.logs import configure_logging
+from app.metrics import HttpMetrics, HttpMetricsMiddleware, StoreCollector
+from app.migrate import pending_migrations
+from app.problems import install_problem_handlers, problem_response
+from app.queueing import make_queue
+from app.reconciler import Reconciler
+from app.routes import health, jobs, results
+
+log = structlog.get_logger(__name__)
+
+DESCRIPTION = """
+**prunecast** tells you what pruning will do to a language model before you ship it.
+
+1. `POST /v1/jobs` with a job (`kind: evaluate` measures WikiText-2 perplexity of a model);
+   you get `202` and a `Location`.
+2. `GET /v1/jobs/{id}/wait?timeout=60` blocks until the job ends (or the timeout);
+   `GET /v1/jobs/{id}` shows its stage and progress at any time; `DELETE` cancels it.
+3. `GET /v1/results?model=...&metric=ppl` returns every measured number with its protocol.
+
+Errors are RFC 9457 `application/problem+json`. When the server has API tokens configured,
+send `Authorization: Bearer <token>` (the *Authorize* button above).
+"""
+
+TAGS = [
+    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, ...)."},
+    {"name": "results", "description": "Measured numbers, with the protocol that produced them."},
+    {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
+]
+
+
+class BodySizeLimit:
+    """Refuse request bodies over the limit with 413 before any handler parses them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
+        messages: list[Message] = []
+        if not too_big:
+            received = 0
+            while True:
+                message = await receive()
+                messages.append(message)
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    too_big = True
+                    break
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    break
+        if too_big:
+            from starlette.requests import Request
+
+            response = problem_response(
+                413,
+                f"request body exceeds {self.max_bytes} bytes",
+                request=Request(scope),
+                slug="body-too-large",
+            )
+            await response(scope, receive, send)
+            return
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(settings: Settings | None = None, *, start_background: bool = True) -> FastAPI:
+    """Build the app. `start_background=False` skips the reconciler (for tools and tests)."""
+    settings = settings or get_settings()
+    configure_logging(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.store_url)
+        if pending_migrations(store.engine):
+            store.dispose()
+            raise RuntimeError(f"the store at {store.engine.url!r} is not migrated: run `prunecast migrate`")
+        queue = make_queue(settings, store)
+        store_collector = StoreCollector(store, queue)
+        registry.register(store_collector)
+        app.state.services = Services(settings=settings, store=store, queue=queue, metrics_registry=registry)
+        reconciler = Reconciler(store, queue, settings) if start_background else None
+        if reconciler:
+            reconciler.start()
+        log.info(
+            "prunecast api started", embedded=settings.embedded, store=store.engine.url.get_backend_name()
+        )
+        try:
+            yield
+        finally:
+            if reconciler:
+                reconciler.stop()
+            registry.unregister(store_collector)
+            queue.close()
+            store.dispose()
+
+    app = FastAPI(
+        title="prunecast",
+        version="0.1.0",
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+    )
+    registry = CollectorRegistry()
+    install_problem_handlers(app)
+    protected = [Depends(require_token)]
+    app.include_router(jobs.router, dependencies=protected)
+    app.include_router(results.router, dependencies=protected)
+    app.include_router(health.router)
+    app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(registry))
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

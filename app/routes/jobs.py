@@ -1,0 +1,262 @@
+"""/v1/jobs: submit, list, inspect, cancel and wait for jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.deps import ServicesDep, SessionDep
+from app.model_sources import ModelSourceError, resolve_model
+from app.problems import Problem, ProblemError
+from app.queueing import QueueUnavailable
+from app.routes.results import result_public
+from app.schemas import JobCreate, JobLinks, JobList, JobPublic, ResultList
+from app.tables import Job, JobStatus, Result, utcnow
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = structlog.get_logger(__name__)
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    404: {"model": Problem, "description": "No such job"},
+    422: {"model": Problem, "description": "Invalid request"},
+}
+
+
+def job_public(job: Job) -> JobPublic:
+    base = f"/v1/jobs/{job.id}"
+    return JobPublic(
+        id=job.id,
+        kind=job.kind,
+        status=job.status,  # type: ignore[arg-type]
+        model=job.model_id,
+        request=job.request,
+        stage=job.stage,
+        progress=job.progress,
+        detail=job.detail,
+        error=job.error,
+        attempts=job.attempts,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        heartbeat_at=job.heartbeat_at,
+        environment=job.environment,
+        links=JobLinks(self=base, wait=f"{base}/wait", results=f"{base}/results"),
+    )
+
+
+def _get_job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
+    return job
+
+
+def _request_hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobPublic,
+    responses={**PROBLEMS, 200: {"model": JobPublic, "description": "Replay of an idempotent submission"}},
+)
+def submit_job(
+    services: ServicesDep,
+    response: Response,
+    job: Annotated[JobCreate, Body(discriminator="kind")],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="Same key and same body return the same job; same key, different body is a 422.",
+        ),
+    ] = None,
+) -> JobPublic:
+    """Submit a job. It is stored, then queued; poll it, or block on `/wait`.
+
+    The model is checked at once: an unknown alias, a path outside the model roots or an HF id
+    missing from the local cache is a 422 here rather than a failed job later.
+    """
+    settings = services.settings
+    try:
+        source = resolve_model(job.model, settings, job.revision)
+    except ModelSourceError as error:
+        raise ProblemError(422, str(error), slug="invalid-model", title="Model not usable") from error
+    request_body = job.model_dump(mode="json")
+    request_hash = _request_hash(request_body)
+
+    with services.store.session() as session:
+        if idempotency_key is not None:
+            existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
+            if existing is not None:
+                return _replay(existing, request_hash, response)
+        row = Job(
+            kind=job.kind,
+            request=request_body,
+            model_id=source.model_id,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+        session.add(row)
+        try:
+            session.flush()
+        except IntegrityError:
+            session.rollback()
+            existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
+            if existing is None:
+                raise
+            return _replay(existing, request_hash, response)
+    # The row is committed before the enqueue: a crash in between leaves a queued job that the
+    # reconciler enqueues, never a queue entry without a job.
+    try:
+        services.queue.enqueue(row.id)
+        with services.store.session() as session:
+            session.execute(update(Job).where(Job.id == row.id).values(enqueued_at=utcnow()))
+            row.enqueued_at = utcnow()
+    except QueueUnavailable as error:
+        log.warning(
+            "queue unavailable at submit; the reconciler will enqueue the job",
+            job_id=row.id,
+            error=str(error),
+        )
+    log.info("job submitted", job_id=row.id, kind=row.kind, model=row.model_id)
+    response.headers["Location"] = f"/v1/jobs/{row.id}"
+    return job_public(row)
+
+
+def _replay(existing: Job, request_hash: str, response: Response) -> JobPublic:
+    if existing.request_hash != request_hash:
+        raise ProblemError(
+            422,
+            "this Idempotency-Key was already used with a different request body",
+            slug="idempotency-key-reused",
+            job_id=existing.id,
+        )
+    response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{existing.id}"
+    return job_public(existing)
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    session: SessionDep,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
+    kind: Annotated[str | None, Query(max_length=32)] = None,
+    model: Annotated[str | None, Query(max_length=512)] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=64, description="`next_cursor` of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobList:
+    """Jobs, newest first, with filters and cursor pagination."""
+    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if status is not None:
+        query = query.where(Job.status == status.value)
+    if kind is not None:
+        query = query.where(Job.kind == kind)
+    if model is not None:
+        query = query.where(Job.model_id == model)
+    if cursor is not None:
+        query = query.where(Job.id < cursor)
+    rows = session.scalars(query).all()
+    page = rows[:limit]
+    next_cursor = page[-1].id if len(rows) > limit else None
+    return JobList(items=[job_public(job) for job in page], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=PROBLEMS)
+def get_job(job_id: str, session: SessionDep) -> JobPublic:
+    """One job: status, stage, progress (`detail` such as 'window 7/20') and error."""
+    return job_public(_get_job(session, job_id))
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=JobPublic,
+    responses={
+        **PROBLEMS,
+        409: {"model": Problem, "description": "Job already finished"},
+        202: {"model": JobPublic, "description": "Running: it stops at its next safe point"},
+    },
+)
+def cancel_job(job_id: str, services: ServicesDep, response: Response) -> JobPublic:
+    """Cancel a job. Queued: it never runs (200). Running: it stops at its next safe point (202)."""
+    with services.store.session() as session:
+        job = _get_job(session, job_id)
+        canceled_now = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+            .values(
+                status=JobStatus.canceled.value,
+                stage="canceled",
+                finished_at=utcnow(),
+                cancel_requested=True,
+                error="canceled by request before it ran",
+            )
+        ).rowcount  # type: ignore[attr-defined]
+        if not canceled_now:
+            requested = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == JobStatus.running.value)
+                .values(cancel_requested=True)
+            ).rowcount  # type: ignore[attr-defined]
+            if not requested:
+                session.refresh(job)
+                raise ProblemError(
+                    409, f"job {job_id} already {job.status}", slug="job-finished", status_value=job.status
+                )
+            response.status_code = 202
+        session.flush()
+        session.refresh(job)
+    if canceled_now:
+        services.queue.remove(job_id)
+    log.info("job cancel", job_id=job_id, immediate=bool(canceled_now))
+    return job_public(job)
+
+
+@router.get("/{job_id}/wait", response_model=JobPublic, responses=PROBLEMS)
+async def wait_for_job(
+    job_id: str,
+    services: ServicesDep,
+    request: Request,
+    timeout: Annotated[float, Query(gt=0, le=3600, description="Seconds to wait at most.")] = 30.0,
+) -> JobPublic:
+    """Block until the job reaches a terminal state or `timeout` passes; returns the job either way.
+
+    Check `status`: anything but succeeded/failed/canceled means the timeout came first.
+    The server caps the wait at PRUNECAST_MAX_WAIT_S.
+    """
+    deadline = time.monotonic() + min(timeout, services.settings.max_wait_s)
+    delay = 0.05
+    while True:
+        job = await asyncio.to_thread(_load_job, services, job_id)
+        if JobStatus(job.status).terminal or time.monotonic() >= deadline:
+            return job_public(job)
+        if await request.is_disconnected():
+            return job_public(job)
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 1.5, 1.0)
+
+
+def _load_job(services: ServicesDep, job_id: str) -> Job:
+    with services.store.session() as session:
+        return _get_job(session, job_id)
+
+
+@router.get("/{job_id}/results", response_model=ResultList, responses=PROBLEMS)
+def job_results(job_id: str, session: SessionDep) -> ResultList:
+    """Every result this job stored."""
+    _get_job(session, job_id)
+    rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
+    return ResultList(items=[result_public(row) for row in rows])
