@@ -42,5 +42,5 @@ def configure_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+    for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -76,6 +76,7 @@ class JobPublic(BaseModel):
     detail: str | None = Field(None, description="Human-readable progress, e.g. 'window 7/20'.")
     error: str | None = Field(None, description="Why the job failed, was canceled or was retried.")
     attempts: int
+    worker: str | None = Field(None, description="host:pid of the process running the current attempt.")
     cancel_requested: bool
     created_at: datetime
     started_at: datetime | None

@@ -44,6 +44,7 @@ def job_public(job: Job) -> JobPublic:
         detail=job.detail,
         error=job.error,
         attempts=job.attempts,
+        worker=job.worker,
         cancel_requested=job.cancel_requested,
         created_at=job.created_at,
         started_at=job.started_at,
