@@ -43,7 +43,9 @@ def _worker(args: argparse.Namespace) -> int:
     settings = get_settings()
     configure_logging(settings)
     if not settings.redis_url:
-        print("prunecast worker needs REDIS_URL; without it `prunecast serve` runs jobs itself", file=sys.stderr)
+        print(
+            "prunecast worker needs REDIS_URL; without it `prunecast serve` runs jobs itself", file=sys.stderr
+        )
         return EXIT_USAGE
     connection = Redis.from_url(settings.redis_url)
     queue = Queue(settings.queue_name, connection=connection)

@@ -48,6 +48,8 @@ class StoreCollector(Collector):
             ).all()
         totals: dict[tuple[str, str], tuple[int, float]] = {}
         for kind, status, started, ended in finished:
+            if started is None or ended is None:
+                continue
             count, total = totals.get((kind, status), (0, 0.0))
             totals[(kind, status)] = (count + 1, total + (ended - started).total_seconds())
         for (kind, status), (count, total) in sorted(totals.items()):

@@ -106,7 +106,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         detail = error.detail if isinstance(error.detail, str) else None
-        return problem_response(error.status_code, detail, request=request, headers=error.headers)
+        headers = dict(error.headers) if error.headers else None
+        return problem_response(error.status_code, detail, request=request, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:

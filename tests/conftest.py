@@ -124,9 +124,7 @@ FAST_LIFECYCLE = {
 
 
 @pytest.fixture
-def make_settings(
-    tmp_path: Path, data_dir: Path, model_root: Path
-) -> Callable[..., Settings]:
+def make_settings(tmp_path: Path, data_dir: Path, model_root: Path) -> Callable[..., Settings]:
     """Settings for a test: its own home, the shared data and models, fast heartbeats."""
 
     def build(**overrides: Any) -> Settings:
@@ -146,8 +144,9 @@ def make_settings(
 
 
 @pytest.fixture
-def rq_settings(make_settings: Callable[..., Settings], clean_store: Store, clean_redis: redis.Redis,
-                redis_url: str) -> Settings:
+def rq_settings(
+    make_settings: Callable[..., Settings], clean_store: Store, clean_redis: redis.Redis, redis_url: str
+) -> Settings:
     return make_settings(database_url=clean_store.url, redis_url=redis_url)
 
 

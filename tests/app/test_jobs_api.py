@@ -114,8 +114,10 @@ def test_idempotency_key_replays_same_job_and_refuses_a_different_body(
 
 
 def test_list_filters_and_cursor_pagination(api: TestClient, tiny_model_dir: Path) -> None:
-    ids = [api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), max_windows=n)).json()["id"]
-           for n in range(1, 6)]
+    ids = [
+        api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), max_windows=n)).json()["id"]
+        for n in range(1, 6)
+    ]
     seen: list[str] = []
     cursor = None
     while True:
@@ -185,8 +187,9 @@ def test_readyz_reports_unreachable_queue(make_settings: Any, clean_store: Any) 
         assert response.json()["checks"]["queue"].startswith("unavailable")
 
 
-def test_submit_survives_a_queue_outage_and_the_job_stays_queued(make_settings: Any, clean_store: Any,
-                                                                 tiny_model_dir: Path) -> None:
+def test_submit_survives_a_queue_outage_and_the_job_stays_queued(
+    make_settings: Any, clean_store: Any, tiny_model_dir: Path
+) -> None:
     settings = make_settings(database_url=clean_store.url, redis_url="redis://127.0.0.1:1/0")
     with TestClient(create_app(settings, start_background=False)) as client:
         response = client.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir)))

@@ -39,8 +39,9 @@ def wait_terminal(api: TestClient, job_id: str, timeout: float = 120) -> dict[st
     )
 
 
-def test_evaluate_job_runs_through_a_real_rq_worker(api: TestClient, start_worker: Any,
-                                                    tiny_model_dir: Path) -> None:
+def test_evaluate_job_runs_through_a_real_rq_worker(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
     worker = start_worker()
     job = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), max_windows=3)).json()
     done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
@@ -58,8 +59,9 @@ def test_evaluate_job_runs_through_a_real_rq_worker(api: TestClient, start_worke
     assert '"job_id": "' + job["id"] in worker.output()  # structured logs carry the job id
 
 
-def test_a_job_that_cannot_run_fails_with_a_readable_reason(api: TestClient, start_worker: Any,
-                                                            model_root: Path) -> None:
+def test_a_job_that_cannot_run_fails_with_a_readable_reason(
+    api: TestClient, start_worker: Any, model_root: Path
+) -> None:
     folder = model_root / "broken-weights"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
@@ -70,8 +72,9 @@ def test_a_job_that_cannot_run_fails_with_a_readable_reason(api: TestClient, sta
     assert str(folder.resolve()) in done["error"] or "broken-weights" in done["error"]
 
 
-def test_cancel_running_job_stops_at_next_safe_point(api: TestClient, start_worker: Any,
-                                                     tiny_model_dir: Path) -> None:
+def test_cancel_running_job_stops_at_next_safe_point(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
     start_worker()
     job = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), **LONG_RUN)).json()
     wait_for(lambda: job_state(api, job["id"])["stage"] == "perplexity", 120, "the job to be scoring")
@@ -82,10 +85,13 @@ def test_cancel_running_job_stops_at_next_safe_point(api: TestClient, start_work
     assert api.get("/v1/results", params={"job_id": job["id"]}).json()["items"] == []
 
 
-def test_jobs_queued_when_redis_is_flushed_still_run(api: TestClient, start_worker: Any, clean_redis: Any,
-                                                     tiny_model_dir: Path) -> None:
-    ids = [api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), max_windows=n)).json()["id"]
-           for n in (1, 2)]
+def test_jobs_queued_when_redis_is_flushed_still_run(
+    api: TestClient, start_worker: Any, clean_redis: Any, tiny_model_dir: Path
+) -> None:
+    ids = [
+        api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), max_windows=n)).json()["id"]
+        for n in (1, 2)
+    ]
     assert api.get("/metrics").text.count("prunecast_queue_depth 2.0") == 1
     clean_redis.flushdb()  # Redis keeps nothing on disk: a restart looks exactly like this
     start_worker()
@@ -94,8 +100,9 @@ def test_jobs_queued_when_redis_is_flushed_still_run(api: TestClient, start_work
         assert done["status"] == "succeeded", done
 
 
-def test_worker_killed_mid_job_is_retried_and_completes(api: TestClient, start_worker: Any,
-                                                        tiny_model_dir: Path) -> None:
+def test_worker_killed_mid_job_is_retried_and_completes(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
     worker = start_worker()
     job = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), **LONG_RUN)).json()
     running = wait_for(
@@ -106,7 +113,9 @@ def test_worker_killed_mid_job_is_retried_and_completes(api: TestClient, start_w
     with contextlib.suppress(ProcessLookupError):
         os.kill(horse_pid, signal.SIGKILL)
     requeued = wait_for(
-        lambda: (state := job_state(api, job["id"]))["status"] == "queued" and state, 30, "the dead job to be requeued"
+        lambda: (state := job_state(api, job["id"]))["status"] == "queued" and state,
+        30,
+        "the dead job to be requeued",
     )
     assert "lost its worker" in requeued["error"] and requeued["attempts"] == 1
     start_worker()
@@ -114,8 +123,9 @@ def test_worker_killed_mid_job_is_retried_and_completes(api: TestClient, start_w
     assert done["status"] == "succeeded" and done["attempts"] == 2, done
 
 
-def test_dead_job_without_attempts_left_fails_with_reason(api: TestClient, rq_settings: Settings,
-                                                          tiny_model_dir: Path) -> None:
+def test_dead_job_without_attempts_left_fails_with_reason(
+    api: TestClient, rq_settings: Settings, tiny_model_dir: Path
+) -> None:
     job = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir))).json()
     store = Store(rq_settings.store_url)
     with store.session() as session:  # as if a worker claimed it for its last attempt, then died

@@ -31,7 +31,7 @@ def run(context: JobContext) -> None:
         corpus = load_wikitext2_test(settings)
     except DataMissingError as error:
         raise JobFailure(str(error)) from error
-    token_ids = tokenize_corpus(loaded.tokenizer, corpus, settings)
+    token_ids = tokenize_corpus(loaded.tokenizer, corpus, settings=settings)
     seqlen = effective_seqlen(loaded.model, ppl_spec.seqlen)
 
     def progress(done: int, total: int) -> None:
@@ -57,7 +57,7 @@ def run(context: JobContext) -> None:
         [
             Result(
                 model_id=source.model_id,
-                model_revision=source.revision,
+                model_revision=loaded.revision,
                 method="dense",
                 sparsity=0.0,
                 metric="ppl",

@@ -1,0 +1,47 @@
+"""Worker-side fixtures, named apart from tests/conftest.py's so neither shadows the other.
+
+They need neither Postgres nor Redis, and a missing data folder skips only the tests that read it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.config import Settings
+from tests.tiny_models import build_tiny_causal_lm
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """PRUNECAST_DATA_DIR when set, else the workplace's ../shared/data next to the repository."""
+    configured = os.environ.get("PRUNECAST_DATA_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@pytest.fixture
+def worker_settings(tmp_path: Path, shared_data_dir: Path) -> Callable[..., Settings]:
+    """Settings rooted in this test's tmp_path; keyword arguments override any field."""
+
+    def make(**overrides: object) -> Settings:
+        fields: dict[str, object] = {
+            "home": tmp_path / "home",
+            "cache_dir": tmp_path / "home" / "cache",
+            "data_dir": shared_data_dir,
+            "model_roots": [tmp_path],
+            **overrides,
+        }
+        return Settings(**fields)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a byte tokenizer, built once per test session."""
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny") / "llama", "llama", seed=0)

@@ -1,0 +1,225 @@
+"""Load a resolved model source into memory, ready to evaluate or slice.
+
+Packaged models ship as GGUF, which transformers dequantises slowly (~15-25 s) and refuses to
+save. The first load therefore converts the GGUF once into an ordinary transformers folder under
+the model cache; every later load, in any worker process, reads that folder in well under a
+second. Importing this module never touches CUDA: devices are only probed inside `load_model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from app.config import Settings
+from app.model_sources import ModelSource
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DEVICES = ("auto", "cpu", "cuda")
+# Written next to the converted weights: where they came from, so a cache folder explains itself.
+CONVERSION_RECORD = "prunecast_conversion.json"
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message names the model and the cause."""
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode on its device, with the ids results are recorded under."""
+
+    model: PreTrainedModel
+    tokenizer: Any  # a transformers tokenizer; their classes share no useful static type
+    model_id: str
+    revision: str | None  # HF commit, or the cache key of a converted packaged GGUF
+    device: torch.device
+    dtype: torch.dtype
+    source_kind: str  # "packaged" | "local" | "hf_cache"
+    path: Path  # the folder the weights were read from (the converted cache for packaged models)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' picks CUDA when present; asking for CUDA on a host without it is an error."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was requested but this host has no usable CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is float32 on CPU (bf16 matmuls are slow there) and bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(
+    source: ModelSource, settings: Settings, *, dtype: str = "float32", device: str = "auto"
+) -> LoadedModel:
+    """Load `source` with its tokenizer, in eval mode on `device`; raise ModelLoadError if it fails."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    revision = source.revision
+    if source.kind == "packaged":
+        folder = ensure_converted(source, settings)
+        revision = folder.name
+    else:
+        folder = source.path
+    model = _load_causal_lm(folder, source.model_id, torch_dtype)
+    tokenizer = _load_tokenizer(folder, source.model_id)
+    model.eval()
+    as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
+    as_module.to(torch_device)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=source.model_id,
+        revision=revision,
+        device=torch_device,
+        dtype=torch_dtype,
+        source_kind=source.kind,
+        path=folder,
+    )
+
+
+def conversion_key(gguf_path: Path) -> str:
+    """Identity of a packaged GGUF: a new package version changes size or name, hence the folder."""
+    identity = f"{gguf_path.name}:{gguf_path.stat().st_size}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+def ensure_converted(source: ModelSource, settings: Settings) -> Path:
+    """Return the cached transformers folder for a packaged GGUF, converting it on first use.
+
+    Conversion writes to a temporary folder renamed into place at the end, under an exclusive
+    file lock, so concurrent workers neither convert twice nor read a half-written folder.
+    """
+    if source.gguf_file is None:
+        raise ValueError(f"model {source.model_id!r} is not a packaged GGUF model")
+    alias_dir = settings.model_cache_dir / source.model_id
+    final = alias_dir / conversion_key(source.path)
+    if final.is_dir():
+        return final
+    alias_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(alias_dir / f".{final.name}.lock"):
+        if final.is_dir():  # another worker finished while we waited for the lock
+            return final
+        for stale in alias_dir.glob(f".{final.name}.partial-*"):  # left by a worker killed mid-way
+            shutil.rmtree(stale, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=alias_dir))
+        try:
+            _convert_gguf(source, scratch)
+            os.rename(scratch, final)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _convert_gguf(source: ModelSource, target: Path) -> None:
+    """Dequantise the GGUF to fp32 and save it as a plain safetensors folder with its tokenizer."""
+    folder, gguf_file = source.path.parent, source.path.name
+    started = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as error:
+        raise ModelLoadError(f"model {source.model_id!r}: cannot read {source.path} ({error})") from error
+    # A GGUF-loaded model carries a quantizer and refuses save_pretrained; rebuild a plain one.
+    config = copy.deepcopy(gguf_model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    plain.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    record = {
+        "model_id": source.model_id,
+        "gguf_file": gguf_file,
+        "gguf_bytes": source.path.stat().st_size,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "conversion_s": round(time.perf_counter() - started, 2),
+    }
+    (target / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _load_causal_lm(folder: Path, model_id: str, dtype: torch.dtype) -> PreTrainedModel:
+    _check_model_type(folder, model_id)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"model {model_id!r}: cannot read its config in {folder} ({error})") from error
+    known = AutoModelForCausalLM._model_mapping  # config class -> causal LM class
+    if type(config) not in known:
+        architectures = ", ".join(getattr(config, "architectures", None) or []) or config.model_type
+        raise ModelLoadError(
+            f"model {model_id!r}: architecture {architectures} (model_type {config.model_type!r}) "
+            "is not a causal LM transformers knows"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, config=config, local_files_only=True, trust_remote_code=False, dtype=dtype
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ModelLoadError(f"model {model_id!r}: cannot load weights from {folder} ({error})") from error
+    return model
+
+
+def _check_model_type(folder: Path, model_id: str) -> None:
+    """Name the problem plainly before transformers words it as an upgrade suggestion."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"model {model_id!r}: cannot read its config: no config.json in {folder}")
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelLoadError(f"model {model_id!r}: cannot read its config {config_path} ({error})") from error
+    if model_type is not None and model_type not in CONFIG_MAPPING:
+        raise ModelLoadError(
+            f"model {model_id!r}: cannot read its config: model_type {model_type!r} is not an architecture "
+            f"transformers {transformers.__version__} knows"
+        )
+
+
+def _load_tokenizer(folder: Path, model_id: str) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ModelLoadError(
+            f"model {model_id!r}: cannot load its tokenizer from {folder} ({error})"
+        ) from error

@@ -1,0 +1,68 @@
+"""Family adapters for the SliceGPT engine, and recognition of a loaded model's family."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from workers.slicing.adapters.base import FamilyAdapter, config_dict
+from workers.slicing.adapters.gpt2 import GPT2Adapter
+from workers.slicing.adapters.gpt_neox import GPTNeoXAdapter
+from workers.slicing.adapters.llama import LlamaAdapter
+from workers.slicing.adapters.opt import OPTAdapter
+from workers.slicing.adapters.phi import PhiAdapter
+from workers.slicing.adapters.phi3 import Phi3Adapter
+from workers.slicing.families import (
+    FAMILY_NAMES,
+    UnsupportedArchitectureError,
+    known_refusal,
+    unsupported_message,
+)
+
+ADAPTERS: tuple[type[FamilyAdapter], ...] = (
+    LlamaAdapter,
+    Phi3Adapter,
+    OPTAdapter,
+    GPT2Adapter,
+    PhiAdapter,
+    GPTNeoXAdapter,
+)
+
+__all__ = [
+    "ADAPTERS",
+    "FamilyAdapter",
+    "UnsupportedArchitectureError",
+    "adapter_for_family",
+    "detect_family",
+]
+
+
+def detect_family(model: PreTrainedModel) -> FamilyAdapter:
+    """The adapter whose module structure the model has, after checking config details and norms.
+
+    Raises UnsupportedArchitectureError naming the architecture, the reason and the supported
+    families when no adapter fits or the fitting one cannot handle this model.
+    """
+    config = config_dict(model)
+    refusal = known_refusal(config)
+    if refusal is not None:
+        raise UnsupportedArchitectureError(refusal)
+    for adapter_class in ADAPTERS:
+        if adapter_class.matches(model):
+            adapter = adapter_class()
+            problem = adapter.problems(model)
+            if problem is not None:
+                raise UnsupportedArchitectureError(problem)
+            return adapter
+    raise UnsupportedArchitectureError(
+        unsupported_message(config, "no adapter recognises its module structure")
+    )
+
+
+def adapter_for_family(name: str) -> FamilyAdapter:
+    """The adapter for a family name (as stored in a sliced artifact)."""
+    for adapter_class in ADAPTERS:
+        if adapter_class.name == name:
+            return adapter_class()
+    raise UnsupportedArchitectureError(
+        f"unknown family {name!r}; supported families: {', '.join(FAMILY_NAMES)}"
+    )

@@ -1,0 +1,449 @@
+"""SliceGPT, steps 5-6: PCA per signal and interleaved rotate-and-slice, block by block.
+
+Entry point: `slice_model`. It modifies the model in place:
+
+1. detect the family (module structure), untie the head, centre the embeddings (LayerNorm models);
+2. run the calibration batches up to block 0 and keep block 0's inputs (on the model's device);
+3. PCA of the embedding output -> Q0; embeddings E @ Q0, keeping d columns;
+4. for each block, with input basis Qa (only this block is on the compute device):
+   fold its norms; attention readers W @ Qa (d input columns); run attention with the skip
+   Qa[:, :d]^T, giving the residual h in the original basis; PCA(h) -> Qb; attention writers
+   Qb^T W (d rows); MLP readers W @ Qb; run the MLP with the skip Qb[:, :d]^T, giving the block
+   output y; PCA(y) -> Qc; MLP writers Qc^T W (d rows); the block's skips become
+   S_attn = Qa[:, :d]^T Qb[:, :d] and S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs
+   are y @ Qc[:, :d], so slicing errors upstream feed every later PCA. Parallel-residual blocks
+   (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d];
+5. fold the final norm into the head and rotate it: W_head @ Q_L. By default the head is not
+   sliced: the last block writes all D rows and its MLP skip is d x D.
+
+PCA and weight rotations run in float64; results are cast back to the model's dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
+from workers.slicing.adapters.base import config_dict
+from workers.slicing.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
+from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
+from workers.slicing.modules import ParallelSkipConnectedBlock, RMSNormNoScale, SkipConnectedBlock, wrap_block
+from workers.slicing.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
+from workers.slicing.pca import SecondMoment, principal_basis
+from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
+
+ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
+StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block
+
+
+class SlicingStopped(RuntimeError):
+    """should_stop() asked to stop. The model is partly sliced and must be discarded."""
+
+
+@dataclass(frozen=True)
+class BlockWidths:
+    """Residual widths around one block after slicing."""
+
+    attn_in: int  # stream entering the block (read by the attention norm)
+    mlp_in: int  # stream the MLP reads: between attention and MLP (the block input if parallel)
+    out: int  # stream leaving the block
+
+
+@dataclass(frozen=True)
+class SlicedWidths:
+    """d per signal: what a loader needs to rebuild the sliced shapes."""
+
+    full: int  # D of the dense model (also the constant in every RMSNormNoScale)
+    embedding: int  # columns kept by the embeddings (and learned positions)
+    blocks: tuple[BlockWidths, ...]
+    head: int  # input columns of the LM head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SlicedWidths:
+        return cls(
+            full=int(data["full"]),
+            embedding=int(data["embedding"]),
+            blocks=tuple(BlockWidths(**block) for block in data["blocks"]),
+            head=int(data["head"]),
+        )
+
+    @classmethod
+    def uniform(cls, full: int, width: int, num_blocks: int, slice_head: bool) -> SlicedWidths:
+        """Every signal at d, except the last block's output and the head at D unless slice_head."""
+        last = width if slice_head else full
+        blocks = tuple(
+            BlockWidths(attn_in=width, mlp_in=width, out=last if index == num_blocks - 1 else width)
+            for index in range(num_blocks)
+        )
+        return cls(full=full, embedding=width, blocks=blocks, head=last)
+
+
+@dataclass
+class SlicingReport:
+    """What slicing did, for the job's results and the artifact's slicing_config.json."""
+
+    family: str
+    hidden_size: int  # D
+    sparsity: float  # fraction of the residual width removed (not of parameters)
+    round_to: int
+    slice_head: bool
+    widths: SlicedWidths
+    params_before: int  # unique parameters of the dense model (a tied head counted once)
+    params_after: int
+    predicted_params_before: int | None  # from the config formula (workers.slicing.param_count)
+    predicted_params_after: int | None
+    calibration_sequences: int
+    calibration_tokens: int  # non-padded positions the PCAs saw
+    device: str
+    dtype: str
+    timings: dict[str, Any] = field(default_factory=dict)  # seconds: capture, blocks (list), head, total
+
+    @property
+    def width(self) -> int:
+        """d, the kept width of the residual stream."""
+        return self.widths.embedding
+
+    @property
+    def param_fraction_removed(self) -> float:
+        """1 - after / before: the real parameter saving (may be negative for tied small models)."""
+        return 1.0 - self.params_after / self.params_before
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["width"] = self.width
+        data["param_fraction_removed"] = self.param_fraction_removed
+        return data
+
+
+@dataclass
+class _Batch:
+    """One calibration batch at the current point of the stream."""
+
+    hidden: torch.Tensor  # (B, T, width), model dtype, on the model's home device
+    keep: torch.Tensor  # (B, T) bool, False at padded positions
+    args: tuple[Any, ...]  # the block call's other positional arguments (on the home device)
+    kwargs: dict[str, Any]  # the block call's keyword arguments: masks, positions, cache flags
+
+
+class _ReachedBlockZero(Exception):
+    """Raised by the capture hook so the forward pass stops at block 0."""
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Unique parameters (shared ones counted once)."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
+    """True once any norm was folded away (a fused or sliced model)."""
+    norms = [adapter.final_norm(model)]
+    for block in adapter.blocks(model):
+        norms += [adapter.attn_norm(block), adapter.mlp_norm(block)]
+    return any(isinstance(norm, RMSNormNoScale) for norm in norms)
+
+
+def _move(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_move(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _move(item, device) for key, item in value.items()}
+    return value
+
+
+def _home_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def _capture_block_inputs(
+    model: PreTrainedModel,
+    adapter: FamilyAdapter,
+    input_ids: torch.Tensor,
+    keep: torch.Tensor,
+    batch_size: int,
+    compute: torch.device,
+    home: torch.device,
+) -> list[_Batch]:
+    """Run each batch through the embeddings only; keep what block 0 would have received."""
+    decoder = adapter.decoder(model)
+    blocks = adapter.blocks(model)
+    # Everything the decoder owns before the blocks (embeddings, rotary tables...) goes to the
+    # compute device; the blocks and the head stay home.
+    front = [child for child in decoder.children() if child is not blocks]
+    for module in front:
+        module.to(compute)
+    captured: dict[str, Any] = {}
+
+    def stop_at_block_zero(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        captured["args"], captured["kwargs"] = args, dict(kwargs)
+        raise _ReachedBlockZero
+
+    handle = blocks[0].register_forward_pre_hook(stop_at_block_zero, with_kwargs=True)
+    batches = []
+    try:
+        for start in range(0, input_ids.shape[0], batch_size):
+            ids = input_ids[start : start + batch_size].to(compute)  # (B, T)
+            mask = keep[start : start + batch_size]  # (B, T)
+            try:
+                model(
+                    input_ids=ids, attention_mask=mask.to(device=compute, dtype=torch.long), use_cache=False
+                )
+            except _ReachedBlockZero:
+                pass
+            else:
+                raise RuntimeError("the forward pass never reached block 0")
+            args, kwargs = captured["args"], captured["kwargs"]
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            batches.append(_Batch(hidden.to(home), mask.to(home), _move(args[1:], home), _move(kwargs, home)))
+    finally:
+        handle.remove()
+        for module in front:
+            module.to(home)
+    return batches
+
+
+def _rotate(hidden: torch.Tensor, basis: torch.Tensor, keep: int) -> torch.Tensor:
+    """hidden @ Q[:, :keep] in float64 on Q's device, returned in hidden's dtype and device."""
+    rotated = hidden.to(device=basis.device, dtype=torch.float64) @ basis[:, :keep]
+    return rotated.to(device=hidden.device, dtype=hidden.dtype)
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    expected64 = expected.double()
+    return float((actual.double() - expected64).norm() / expected64.norm().clamp_min(1e-30))
+
+
+@torch.no_grad()
+def _check_block_structure(
+    model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
+) -> None:
+    """The adapter's residual structure must reproduce the block's own forward exactly."""
+    hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+    expected = block(hidden, *args, **kwargs)
+    actual = wrap_block(block, adapter)(hidden, *args, **kwargs)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    tolerance = 1e-5 if hidden.dtype in (torch.float32, torch.float64) else 1e-2
+    error = _relative_error(actual, expected)
+    if not error <= tolerance:
+        raise UnsupportedArchitectureError(
+            unsupported_message(
+                config_dict(model),
+                f"its blocks compute something the {adapter.name} adapter's residual structure does not "
+                f"reproduce (relative error {error:.2g}; e.g. scaled residual branches)",
+            )
+        )
+
+
+@torch.no_grad()
+def slice_model(
+    model: PreTrainedModel,
+    calibration_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sparsity: float,
+    *,
+    round_to: int = 8,
+    batch_size: int = 8,
+    device: torch.device | str | None = None,
+    slice_head: bool | None = None,
+    progress: ProgressCallback | None = None,
+    should_stop: StopCheck | None = None,
+) -> SlicingReport:
+    """Slice the residual stream of `model` in place to d = floor((1 - sparsity) * D) (rounded down
+    to a multiple of `round_to`) with SliceGPT, calibrated on `calibration_ids` (N, T).
+
+    `attention_mask` (N, T) marks real tokens with 1 (None: all real); padded positions are kept
+    out of every PCA. Only one block at a time is moved to `device` (default: where the model is);
+    calibration activations stay where the model is, in the model's dtype. `slice_head` None keeps
+    the LM head at full width D except for families whose forward needs it sliced (GPT-2).
+
+    `progress(blocks_done, num_blocks)` is called once with 0 first and then after each block.
+    `should_stop()` is checked before each block; when it returns True, SlicingStopped is raised
+    and the partly sliced model must be discarded. Unsupported models raise
+    UnsupportedArchitectureError before any weight changes meaning (at most the head is untied
+    and the embeddings centred, which keeps the logits).
+    """
+    started = time.perf_counter()
+    if calibration_ids.dim() != 2:
+        raise ValueError(f"calibration_ids must be (N, T), got shape {tuple(calibration_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(calibration_ids)
+    if attention_mask.shape != calibration_ids.shape:
+        raise ValueError("attention_mask must have the shape of calibration_ids")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    keep = attention_mask.to(torch.bool).cpu()
+    if not keep.any():
+        raise ValueError("the calibration set has no unpadded token")
+
+    adapter = detect_family(model)
+    if is_fused(model, adapter):
+        raise ValueError("the model is already fused or sliced; slice the original dense model")
+    if slice_head is None:
+        slice_head = head_sliced_by_default(adapter.name)
+    elif not slice_head and head_must_be_sliced(adapter.name):
+        raise ValueError(
+            f"{adapter.name} models need a sliced LM head: their forward reshapes the final stream "
+            "to the embedding width; pass slice_head=True or None"
+        )
+    model.eval()
+    dense_config = model.config.to_dict()
+    full = hidden_width(model, adapter)
+    width = sliced_width(full, sparsity, round_to)
+    home = _home_device(model)
+    compute = torch.device(device) if device is not None else home
+    dtype = adapter.embeddings(model)[0].weight.dtype
+    params_before = count_parameters(model)
+    blocks = adapter.blocks(model)
+    num_blocks = len(blocks)
+    widths = SlicedWidths.uniform(full, width, num_blocks, slice_head)
+    timings: dict[str, Any] = {"blocks": []}
+
+    # Steps 1-3 for the embeddings, then what block 0 sees.
+    fuse_embeddings(model, adapter, compute)
+    batches = _capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
+    blocks[0].to(compute)
+    _check_block_structure(model, adapter, blocks[0], batches[0], compute)
+    timings["capture"] = time.perf_counter() - started
+
+    moment = SecondMoment(full, compute)
+    for batch in batches:
+        moment.add(batch.hidden, batch.keep)
+    _, basis = principal_basis(moment.matrix)  # Q0, (D, D) float64
+    for embedding in adapter.embeddings(model):
+        rotate_embedding(embedding, basis, widths.embedding)
+    for batch in batches:
+        batch.hidden = _rotate(batch.hidden, basis, widths.embedding)  # (B, T, d)
+
+    if progress is not None:
+        progress(0, num_blocks)
+    for index, block_widths in enumerate(widths.blocks):
+        if should_stop is not None and should_stop():
+            raise SlicingStopped(
+                f"stopped before block {index} of {num_blocks}; "
+                "the model is partly sliced and must be discarded"
+            )
+        block_started = time.perf_counter()
+        block = blocks[index].to(compute)
+        fuse_block(block, adapter, full, compute)
+        slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
+        blocks[index], basis = slice_block(adapter, block, batches, basis, block_widths, full, compute, dtype)
+        blocks[index].to(home)
+        timings["blocks"].append(time.perf_counter() - block_started)
+        if progress is not None:
+            progress(index + 1, num_blocks)
+
+    head_started = time.perf_counter()
+    fuse_final_norm(model, adapter, full, compute)
+    rotate_readers([adapter.lm_head(model)], basis, widths.head)
+    timings["head"] = time.perf_counter() - head_started
+    timings["total"] = time.perf_counter() - started
+
+    try:
+        predicted_before: int | None = predict_dense_param_count(dense_config)
+        predicted_after: int | None = predict_sliced_param_count(dense_config, width, slice_head=slice_head)
+    except (KeyError, TypeError, ValueError):  # a structurally recognised model_type without a formula
+        predicted_before = predicted_after = None
+    return SlicingReport(
+        family=adapter.name,
+        hidden_size=full,
+        sparsity=sparsity,
+        round_to=round_to,
+        slice_head=slice_head,
+        widths=widths,
+        params_before=params_before,
+        params_after=count_parameters(model),
+        predicted_params_before=predicted_before,
+        predicted_params_after=predicted_after,
+        calibration_sequences=int(calibration_ids.shape[0]),
+        calibration_tokens=int(keep.sum()),
+        device=str(compute),
+        dtype=str(dtype).removeprefix("torch."),
+        timings=timings,
+    )
+
+
+def _slice_sequential_block(
+    adapter: FamilyAdapter,
+    block: nn.Module,
+    batches: list[_Batch],
+    basis_in: torch.Tensor,
+    widths: BlockWidths,
+    full: int,
+    compute: torch.device,
+    dtype: torch.dtype,
+) -> tuple[SkipConnectedBlock, torch.Tensor]:
+    """Rotate and slice one fused sequential block in place; advance every batch to the block's
+    output in the new basis; return the block's skip-connected wrapper and that basis (Qc)."""
+    d_in, d_mid, d_out = widths.attn_in, widths.mlp_in, widths.out
+    # Until the block's output basis is known, its skips map back to the original basis.
+    wrapper = SkipConnectedBlock(block, adapter, attn_skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
+    rotate_readers(adapter.attn_readers(block), basis_in, d_in)
+
+    moment = SecondMoment(full, compute)
+    for batch in batches:
+        hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+        call = wrapper.call_arguments(hidden, args, kwargs)
+        mid = wrapper.attention_residual(hidden, call)  # (B, T, D), original basis
+        moment.add(mid, batch.keep)
+        batch.hidden = mid.to(batch.keep.device)
+    _, basis_mid = principal_basis(moment.matrix)  # Qb
+    rotate_writers(adapter.attn_writers(block), basis_mid, d_mid)
+    rotate_readers(adapter.mlp_readers(block), basis_mid, d_mid)
+    attn_skip = basis_in[:, :d_in].T @ basis_mid[:, :d_mid]  # (d_in, d_mid)
+    wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
+
+    moment = SecondMoment(full, compute)
+    for batch in batches:
+        mid = _rotate(batch.hidden.to(compute), basis_mid, d_mid)  # (B, T, d_mid)
+        out = wrapper.mlp_residual(mid)  # (B, T, D), original basis
+        moment.add(out, batch.keep)
+        batch.hidden = out.to(batch.keep.device)
+    _, basis_out = principal_basis(moment.matrix)  # Qc
+    rotate_writers(adapter.mlp_writers(block), basis_out, d_out)
+    mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
+    wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
+    for batch in batches:
+        batch.hidden = _rotate(batch.hidden, basis_out, d_out)  # (B, T, d_out): next block's input
+    return wrapper, basis_out
+
+
+def _slice_parallel_block(
+    adapter: FamilyAdapter,
+    block: nn.Module,
+    batches: list[_Batch],
+    basis_in: torch.Tensor,
+    widths: BlockWidths,
+    full: int,
+    compute: torch.device,
+    dtype: torch.dtype,
+) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
+    """Parallel-residual blocks: one input basis Qa, one output basis Qc, one skip
+    S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa."""
+    d_in, d_out = widths.attn_in, widths.out
+    wrapper = ParallelSkipConnectedBlock(block, adapter, skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
+    rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis_in, d_in)
+
+    moment = SecondMoment(full, compute)
+    for batch in batches:
+        hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+        out = wrapper(hidden, *args, **kwargs)  # (B, T, D), original basis
+        moment.add(out, batch.keep)
+        batch.hidden = out.to(batch.keep.device)
+    _, basis_out = principal_basis(moment.matrix)  # Qc
+    rotate_writers(adapter.attn_writers(block) + adapter.mlp_writers(block), basis_out, d_out)
+    wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
+    for batch in batches:
+        batch.hidden = _rotate(batch.hidden, basis_out, d_out)  # (B, T, d_out): next block's input
+    return wrapper, basis_out

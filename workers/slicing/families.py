@@ -1,0 +1,157 @@
+"""Which model families the SliceGPT engine supports, decided from a config dict alone.
+
+This module deliberately imports nothing heavy (no torch, no transformers): the HTTP side calls
+`family_from_config` and `refusal_reason` at submit time to reject a job before it is queued.
+The engine side recognises a loaded model by its module structure (`workers.slicing.adapters`),
+and uses the same family names and the same refusal texts, so both sides say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Family:
+    """One supported family: the adapter name and what HF calls its members."""
+
+    name: str  # adapter name, stored in artifacts (slicing_config.json "family")
+    model_types: tuple[str, ...]  # HF config `model_type` values of members
+    architectures: tuple[str, ...]  # HF config `architectures` class names of members
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "llama",
+        ("llama", "mistral", "qwen2", "qwen3"),
+        ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
+    ),
+    Family("phi3", ("phi3",), ("Phi3ForCausalLM",)),
+    Family("opt", ("opt",), ("OPTForCausalLM",)),
+    Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",)),
+    Family("phi", ("phi",), ("PhiForCausalLM",)),  # Phi-1.5, Phi-2: parallel residual, one norm
+    Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",)),  # Pythia: parallel residual
+)
+FAMILY_NAMES: tuple[str, ...] = tuple(family.name for family in FAMILIES)
+
+# Families we know and refuse on purpose, with the reason (matched on `model_type`).
+_POST_NORM_REASON = (
+    "its blocks normalise the attention and MLP outputs (post_attention_layernorm / "
+    "post_feedforward_layernorm) on the residual branch before the add; such a norm is not "
+    "invariant under a rotation of the residual stream, so SliceGPT's rotation cannot pass through it"
+)
+_KNOWN_REFUSALS: dict[str, str] = {
+    "gemma2": _POST_NORM_REASON,
+    "gemma3": _POST_NORM_REASON,
+    "gemma3_text": _POST_NORM_REASON,
+    "olmo2": _POST_NORM_REASON,
+}
+
+
+# Families whose HF forward reshapes the final stream to the embedding width (GPT-2's
+# `hidden_states.view(output_shape)` after ln_f), so the LM head must be sliced along with it.
+_HEAD_SLICED_BY_DEFAULT = frozenset({"gpt2"})
+
+
+def head_sliced_by_default(family: str) -> bool:
+    """Whether slicing keeps d (not D) columns of the LM head for this family unless told otherwise.
+
+    SliceGPT leaves the head at full width by default; GPT-2's forward needs the final stream to
+    have the embeddings' width, so its head is always sliced.
+    """
+    return family in _HEAD_SLICED_BY_DEFAULT
+
+
+def head_must_be_sliced(family: str) -> bool:
+    """Whether this family cannot run with an unsliced head at all."""
+    return family in _HEAD_SLICED_BY_DEFAULT
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The model cannot be sliced; the message says why and lists what is supported."""
+
+
+def supported_families_text() -> str:
+    """Human-readable list, e.g. 'llama (LlamaForCausalLM, ...), phi3 (Phi3ForCausalLM), ...'."""
+    return ", ".join(f"{family.name} ({', '.join(family.architectures)})" for family in FAMILIES)
+
+
+def describe_architecture(config: Mapping[str, Any]) -> str:
+    """'GPTNeoXForCausalLM (model_type gpt_neox)' from a config dict, for error messages."""
+    architectures = config.get("architectures") or []
+    name = architectures[0] if architectures else "an unknown architecture"
+    return f"{name} (model_type {config.get('model_type')!r})"
+
+
+def unsupported_message(config: Mapping[str, Any], reason: str) -> str:
+    """The one error text used everywhere: what the model is, why it is refused, what works."""
+    return (
+        f"model uses {describe_architecture(config)}, which SliceGPT cannot slice: {reason}. "
+        f"Supported families: {supported_families_text()}"
+    )
+
+
+def family_from_config(config: Mapping[str, Any]) -> str | None:
+    """Family name for a HF config dict, from its `architectures` and `model_type` keys only.
+
+    Returns None when the model is not in a supported family. A known family can still be
+    refused for a config detail (see `refusal_reason`).
+    """
+    architectures = config.get("architectures") or []
+    for family in FAMILIES:
+        if any(architecture in family.architectures for architecture in architectures):
+            return family.name
+    model_type = config.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family.name
+    return None
+
+
+def refusal_reason(config: Mapping[str, Any]) -> str | None:
+    """Why a model with this config dict cannot be sliced, or None if it can.
+
+    The text is complete (names the architecture and the supported families) so callers can
+    put it straight into a problem response or a failed job's error.
+    """
+    known = known_refusal(config)
+    if known is not None:
+        return known
+    family = family_from_config(config)
+    if family is None:
+        return unsupported_message(config, "no adapter recognises this family")
+    return family_config_refusal(family, config)
+
+
+def known_refusal(config: Mapping[str, Any]) -> str | None:
+    """The reason for a family we know and refuse on purpose (by `model_type`), else None."""
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in _KNOWN_REFUSALS:
+        return unsupported_message(config, _KNOWN_REFUSALS[model_type])
+    return None
+
+
+def family_config_refusal(family: str, config: Mapping[str, Any]) -> str | None:
+    """Config details that a family's adapter cannot handle, else None."""
+    if family == "opt":
+        hidden = config.get("hidden_size")
+        projected = config.get("word_embed_proj_dim", hidden)
+        if projected != hidden:
+            return unsupported_message(
+                config,
+                f"word_embed_proj_dim ({projected}) differs from hidden_size ({hidden}), so project_in/"
+                "project_out sit between the embeddings and the residual stream; slicing them is not "
+                "implemented (OPT-350m is the known case)",
+            )
+        if not config.get("do_layer_norm_before", True):
+            return unsupported_message(
+                config,
+                "do_layer_norm_before is false (post-LayerNorm blocks), which is not rotation-invariant",
+            )
+    if family == "gpt2" and config.get("add_cross_attention", False):
+        return unsupported_message(
+            config, "add_cross_attention is set; cross-attention blocks are not handled"
+        )
+    return None

@@ -1,0 +1,37 @@
+"""Step 4 of SliceGPT: rotate a fused model by one orthogonal Q, deleting nothing.
+
+The logits must not change (computational invariance). This is the engine's first check for
+every family; slicing is the same surgery with a different Q per signal and columns dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from workers.slicing.adapters.base import FamilyAdapter
+from workers.slicing.modules import RMSNormNoScale
+from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
+
+
+@torch.no_grad()
+def rotate_fused_model(model: PreTrainedModel, adapter: FamilyAdapter, basis: torch.Tensor) -> None:
+    """Rotate the whole residual stream of a fused model by `basis` (D x D orthogonal)."""
+    if not isinstance(adapter.final_norm(model), RMSNormNoScale):
+        raise ValueError("rotate a fused model (see workers.slicing.fusion.fuse_model)")
+    basis = basis.to(torch.float64)
+    width = basis.shape[0]
+    for embedding in adapter.embeddings(model):
+        rotate_embedding(embedding, basis, width)
+    for block in adapter.blocks(model):
+        rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis, width)
+        rotate_writers(adapter.attn_writers(block) + adapter.mlp_writers(block), basis, width)
+    rotate_readers([adapter.lm_head(model)], basis, width)
+
+
+def random_orthogonal(width: int, seed: int = 0) -> torch.Tensor:
+    """A Haar-random orthogonal matrix (float64), reproducible from the seed."""
+    generator = torch.Generator().manual_seed(seed)
+    gaussian = torch.randn(width, width, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    return q * torch.sign(torch.diagonal(r))[None, :]

@@ -1,0 +1,131 @@
+"""Weight surgery on the modules that read or write the residual stream.
+
+Conventions: the residual stream is a row vector h of width D; a linear reading it computes
+h @ W.T + b with W stored [out, in] (nn.Linear; GPT-2's Conv1D stores W.T and is handled here so
+no caller cares). A rotation Q (D x D, orthogonal, columns sorted by importance) changes the
+stream to h @ Q, so:
+- a reader's weight becomes W @ Q, and keeps the first d input columns when sliced;
+- a writer's weight becomes Q.T @ W and its bias b @ Q, keeping the first d output rows;
+- an embedding table E (rows are stream vectors) becomes E @ Q, keeping d columns.
+All arithmetic runs in float64 on the device of Q; results are cast back to the parameter's dtype
+and stored where the parameter was.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+ReadWriteModule = nn.Linear | Conv1D
+
+
+def tensor_of(module: nn.Module, name: str) -> torch.Tensor:
+    """A module's parameter or buffer by name (typed, unlike nn.Module attribute access)."""
+    value = getattr(module, name)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{type(module).__name__}.{name} is not a tensor")
+    return value
+
+
+def bias_of(module: nn.Module) -> torch.Tensor | None:
+    value = getattr(module, "bias", None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def weight_out_in(module: nn.Module) -> torch.Tensor:
+    """The weight as [out, in], whatever the module stores."""
+    if isinstance(module, Conv1D):
+        return module.weight.t()
+    if isinstance(module, nn.Linear):
+        return module.weight
+    raise TypeError(f"expected nn.Linear or Conv1D, got {type(module).__name__}")
+
+
+def set_weight_out_in(module: nn.Module, weight: torch.Tensor) -> None:
+    """Replace the weight (given as [out, in]) and update the shape attributes the module uses."""
+    old = tensor_of(module, "weight")
+    if isinstance(module, Conv1D):
+        stored = weight.t().contiguous()
+        module.nx, module.nf = stored.shape
+    elif isinstance(module, nn.Linear):
+        stored = weight.contiguous()
+        module.out_features, module.in_features = stored.shape
+    else:
+        raise TypeError(f"expected nn.Linear or Conv1D, got {type(module).__name__}")
+    module.weight = nn.Parameter(
+        stored.to(device=old.device, dtype=old.dtype), requires_grad=old.requires_grad
+    )
+
+
+def set_bias(module: nn.Module, bias: torch.Tensor, like: torch.Tensor) -> None:
+    """Replace (or add) the bias, stored with the dtype and device of `like`."""
+    module.bias = nn.Parameter(
+        bias.to(device=like.device, dtype=like.dtype), requires_grad=like.requires_grad
+    )
+
+
+def set_embedding(embedding: nn.Embedding, table: torch.Tensor) -> None:
+    old = tensor_of(embedding, "weight")
+    embedding.weight = nn.Parameter(
+        table.contiguous().to(device=old.device, dtype=old.dtype), requires_grad=old.requires_grad
+    )
+    embedding.embedding_dim = table.shape[1]
+
+
+def _f64(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.detach().to(device=device, dtype=torch.float64)
+
+
+def fold_norm_into_readers(
+    readers: list[nn.Module], scale: torch.Tensor | None, shift: torch.Tensor | None, device: torch.device
+) -> None:
+    """W <- W diag(scale); b <- b + W_orig @ shift (a reader without bias gains one if shift exists)."""
+    for reader in readers:
+        weight = _f64(weight_out_in(reader), device)  # (out, D)
+        new_weight = weight if scale is None else weight * _f64(scale, device)[None, :]
+        if shift is not None:
+            bias = weight @ _f64(shift, device)  # (out,)
+            old_bias = bias_of(reader)
+            if old_bias is not None:
+                bias = bias + _f64(old_bias, device)
+            set_bias(reader, bias, like=tensor_of(reader, "weight"))
+        set_weight_out_in(reader, new_weight)
+
+
+def centre_writer(writer: nn.Module, device: torch.device) -> None:
+    """Subtract from each column its mean over the output rows (and the bias' mean), so that
+    everything the module adds to the residual stream has zero mean across features."""
+    weight = _f64(weight_out_in(writer), device)  # (D, in)
+    set_weight_out_in(writer, weight - weight.mean(dim=0, keepdim=True))
+    old_bias = bias_of(writer)
+    if old_bias is not None:
+        bias = _f64(old_bias, device)
+        set_bias(writer, bias - bias.mean(), like=old_bias)
+
+
+def centre_embedding(embedding: nn.Embedding, device: torch.device) -> None:
+    table = _f64(embedding.weight, device)  # (rows, D)
+    set_embedding(embedding, table - table.mean(dim=1, keepdim=True))
+
+
+def rotate_readers(readers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
+    """W <- W @ Q[:, :keep] for every reader; Q is float64 on the compute device."""
+    for reader in readers:
+        weight = _f64(weight_out_in(reader), basis.device)  # (out, D)
+        set_weight_out_in(reader, weight @ basis[:, :keep])  # (out, keep)
+
+
+def rotate_writers(writers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
+    """W <- (Q.T @ W)[:keep] and b <- (b @ Q)[:keep] for every writer."""
+    for writer in writers:
+        weight = _f64(weight_out_in(writer), basis.device)  # (D, in)
+        set_weight_out_in(writer, basis[:, :keep].t() @ weight)  # (keep, in)
+        old_bias = bias_of(writer)
+        if old_bias is not None:
+            set_bias(writer, _f64(old_bias, basis.device) @ basis[:, :keep], like=old_bias)
+
+
+def rotate_embedding(embedding: nn.Embedding, basis: torch.Tensor, keep: int) -> None:
+    table = _f64(embedding.weight, basis.device)  # (rows, D)
+    set_embedding(embedding, table @ basis[:, :keep])  # (rows, keep)
