@@ -98,12 +98,16 @@ def _job_exit_code(job: dict[str, Any]) -> int:
 def _submit(args: argparse.Namespace) -> int:
     import httpx
 
-    if args.file:
-        body = json.loads(Path(args.file).read_text())
-    elif args.body:
-        body = json.loads(args.body)
-    else:
-        print("give the job as JSON text or with --file", file=sys.stderr)
+    try:
+        if args.file:
+            body = json.loads(Path(args.file).read_text())
+        elif args.body:
+            body = json.loads(args.body)
+        else:
+            print("give the job as JSON text or with --file", file=sys.stderr)
+            return EXIT_USAGE
+    except (OSError, ValueError) as error:
+        print(f"cannot read the job: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with _client(args) as client:

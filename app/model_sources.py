@@ -96,7 +96,10 @@ def _resolve_local(name: str, settings: Settings) -> ModelSource:
             f"local model paths are disabled: set PRUNECAST_MODEL_ROOTS to the folders that may hold "
             f"models (got {name!r})"
         )
-    path = Path(name).expanduser().resolve()
+    try:  # no "~" expansion: a path names a folder below a root, nothing else
+        path = Path(name).resolve()
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ModelSourceError(f"model path {name!r} is not a usable path ({error})") from error
     if not any(path.is_relative_to(root) for root in settings.model_roots):
         roots = ":".join(str(root) for root in settings.model_roots)
         raise ModelSourceError(f"model path {name!r} is outside the configured model roots ({roots})")
@@ -120,7 +123,11 @@ def _resolve_hf_cache(repo_id: str, revision: str | None) -> ModelSource:
 
 def _read_config(folder: Path, name: str) -> dict[str, Any]:
     config_path = folder / "config.json"
-    if not config_path.is_file():
+    try:
+        present = config_path.is_file()
+    except (OSError, ValueError) as error:
+        raise ModelSourceError(f"model {name!r}: cannot read {folder} ({error})") from error
+    if not present:
         raise ModelSourceError(f"model {name!r}: no config.json in {folder}")
     try:
         config = json.loads(config_path.read_text())

@@ -115,6 +115,12 @@ def tiny_model_dir(model_root: Path) -> Path:
     return build_tiny_causal_lm(model_root / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One converted-model cache per test run, so the packaged GGUF is converted only once."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
 FAST_LIFECYCLE = {
     "heartbeat_interval_s": 0.3,
     "heartbeat_timeout_s": 3.0,
@@ -124,7 +130,9 @@ FAST_LIFECYCLE = {
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path, data_dir: Path, model_root: Path) -> Callable[..., Settings]:
+def make_settings(
+    tmp_path: Path, data_dir: Path, model_root: Path, model_cache_dir: Path
+) -> Callable[..., Settings]:
     """Settings for a test: its own home, the shared data and models, fast heartbeats."""
 
     def build(**overrides: Any) -> Settings:
@@ -132,7 +140,7 @@ def make_settings(tmp_path: Path, data_dir: Path, model_root: Path) -> Callable[
             "home": tmp_path / "home",
             "data_dir": data_dir,
             "model_roots": [model_root],
-            "cache_dir": model_root.parent / "cache",
+            "cache_dir": model_cache_dir,
             "queue_name": f"test-{uuid.uuid4().hex[:8]}",
             "log_format": "console",
             **FAST_LIFECYCLE,
