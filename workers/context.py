@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 
 from app.config import Settings
 from app.db import Store
-from app.tables import Job, JobStatus, Result, utcnow
+from app.tables import Artifact, Job, JobStatus, Result, utcnow
 
 log = structlog.get_logger(__name__)
 
@@ -150,14 +150,21 @@ class JobContext:
 
     def add_results(self, results: Sequence[Result]) -> None:
         """Store results for this job, unless this attempt has been superseded."""
+        self._add_rows(results, "results")
+
+    def add_artifacts(self, artifacts: Sequence[Artifact]) -> None:
+        """Record files this job wrote (e.g. a sliced model), unless this attempt was superseded."""
+        self._add_rows(artifacts, "artifacts")
+
+    def _add_rows(self, rows: Sequence[Result | Artifact], what: str) -> None:
         with self.store.session() as session:
             owner = session.scalar(select(Job.id).where(self._guard()).with_for_update())
             if owner is None:
                 self._superseded = True
-                raise JobStopped("this attempt was superseded; its results are discarded")
-            for result in results:
-                result.job_id = self.job_id
-                session.add(result)
+                raise JobStopped(f"this attempt was superseded; its {what} are discarded")
+            for row in rows:
+                row.job_id = self.job_id
+                session.add(row)
 
     # -- outcome ---------------------------------------------------------------------------
     def succeed(self) -> None:

@@ -15,12 +15,23 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.deps import ServicesDep, SessionDep
-from app.model_sources import ModelSourceError, resolve_model
+from app.model_sources import ModelSource, ModelSourceError, resolve_model
 from app.problems import Problem, ProblemError
 from app.queueing import QueueUnavailable
 from app.routes.results import result_public
-from app.schemas import JobCreate, JobLinks, JobList, JobPublic, ResultList
-from app.tables import Job, JobStatus, Result, utcnow
+from app.schemas import (
+    ArtifactList,
+    ArtifactPublic,
+    JobCreate,
+    JobLinks,
+    JobList,
+    JobPublic,
+    PruneJobCreate,
+    ResultList,
+)
+from app.tables import Artifact, Job, JobStatus, Result, utcnow
+from workers.slicing.families import refusal_reason  # torch-free by design
+from workers.slicing.param_count import sliced_width  # torch-free by design
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = structlog.get_logger(__name__)
@@ -51,7 +62,9 @@ def job_public(job: Job) -> JobPublic:
         finished_at=job.finished_at,
         heartbeat_at=job.heartbeat_at,
         environment=job.environment,
-        links=JobLinks(self=base, wait=f"{base}/wait", results=f"{base}/results"),
+        links=JobLinks(
+            self=base, wait=f"{base}/wait", results=f"{base}/results", artifacts=f"{base}/artifacts"
+        ),
     )
 
 
@@ -94,6 +107,8 @@ def submit_job(
         source = resolve_model(job.model, settings, job.revision)
     except ModelSourceError as error:
         raise ProblemError(422, str(error), slug="invalid-model", title="Model not usable") from error
+    if isinstance(job, PruneJobCreate):
+        _check_prunable(job, source)
     request_body = job.model_dump(mode="json")
     request_hash = _request_hash(request_body)
 
@@ -134,6 +149,29 @@ def submit_job(
     log.info("job submitted", job_id=row.id, kind=row.kind, model=row.model_id)
     response.headers["Location"] = f"/v1/jobs/{row.id}"
     return job_public(row)
+
+
+def _check_prunable(job: PruneJobCreate, source: ModelSource) -> None:
+    """Refuse now what the worker would refuse after loading the model, when the config is at hand.
+
+    Packaged models carry no config.json here (they are GGUF); they are known to be prunable.
+    """
+    config = source.config
+    if config is None or job.method != "slicegpt":
+        return
+    reason = refusal_reason(config)
+    if reason is not None:
+        raise ProblemError(
+            422, reason, slug="unsupported-architecture", title="Model cannot be pruned with this method"
+        )
+    hidden_size = config.get("hidden_size", config.get("n_embd"))
+    if isinstance(hidden_size, int):
+        try:
+            sliced_width(hidden_size, job.sparsity, job.round_to)
+        except ValueError as error:
+            raise ProblemError(
+                422, f"{error}; lower sparsity or round_to", slug="invalid-sparsity", title="Nothing left"
+            ) from error
 
 
 def _replay(existing: Job, request_hash: str, response: Response) -> JobPublic:
@@ -261,3 +299,24 @@ def job_results(job_id: str, session: SessionDep) -> ResultList:
     _get_job(session, job_id)
     rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
     return ResultList(items=[result_public(row) for row in rows])
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactList, responses=PROBLEMS)
+def job_artifacts(job_id: str, session: SessionDep) -> ArtifactList:
+    """What this job wrote to the artifact volume (e.g. the sliced model of a `prune` job)."""
+    _get_job(session, job_id)
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)).all()
+    return ArtifactList(
+        items=[
+            ArtifactPublic(
+                id=row.id,
+                job_id=row.job_id,
+                kind=row.kind,
+                path=row.path,
+                bytes=row.bytes,
+                sha256=row.sha256,
+                created_at=row.created_at,
+            )
+            for row in rows
+        ]
+    )

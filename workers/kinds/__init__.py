@@ -13,6 +13,7 @@ Handler = Callable[[JobContext], None]
 # kind -> module defining `run(context)`; imported lazily so that torch loads inside the job.
 HANDLER_MODULES = {
     "evaluate": "workers.kinds.evaluate",
+    "prune": "workers.kinds.prune",
 }
 
 

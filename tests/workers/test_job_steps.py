@@ -1,0 +1,98 @@
+"""Steps the job kinds share: progress mapping within a stage, and finding a dense baseline to reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from app.db import Store
+from app.tables import Base, Job, Result
+from workers.context import JobContext
+from workers.kinds.steps import find_dense_baseline, stage_progress, step_reporter
+
+PROTOCOL = {"seqlen": 64, "max_windows": 2, "data_sha256": "a" * 64, "dtype": "float32"}
+
+
+class RecordingContext:
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, float, str | None]] = []
+
+    def report(self, stage: str, progress: float, detail: str | None = None) -> None:
+        self.reports.append((stage, progress, detail))
+
+
+def test_stage_progress_maps_steps_onto_the_stage_range() -> None:
+    assert stage_progress(0.3, 0.75, 0, 30) == pytest.approx(0.3)
+    assert stage_progress(0.3, 0.75, 15, 30) == pytest.approx(0.525)
+    assert stage_progress(0.3, 0.75, 30, 30) == pytest.approx(0.75)
+    assert stage_progress(0.3, 0.75, 31, 30) == pytest.approx(0.75)
+    assert stage_progress(0.3, 0.75, 0, 0) == pytest.approx(0.75)
+
+
+def test_slicing_progress_reports_block_i_of_l() -> None:
+    context = RecordingContext()
+    progress = step_reporter(cast(JobContext, context), "slicing", 0.3, 0.75, "block")
+    for done in range(3):
+        progress(done, 2)
+    assert context.reports == [
+        ("slicing", pytest.approx(0.3), "block 0/2"),
+        ("slicing", pytest.approx(0.525), "block 1/2"),
+        ("slicing", pytest.approx(0.75), "block 2/2"),
+    ]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    Base.metadata.create_all(store.engine)
+    with store.session() as session:
+        session.add(Job(id="job-1", kind="evaluate", request={}, model_id="m", request_hash="h"))
+    yield store
+    store.dispose()
+
+
+def add_result(store: Store, **fields: Any) -> int:
+    values: dict[str, Any] = {
+        "job_id": "job-1",
+        "model_id": "m",
+        "model_revision": None,
+        "method": "dense",
+        "metric": "ppl",
+        "dataset": "wikitext2",
+        "value": 10.0,
+        "protocol": {**PROTOCOL, "elapsed_s": 1.0},
+        **fields,
+    }
+    row = Result(**values)
+    with store.session() as session:
+        session.add(row)
+    return row.id
+
+
+def test_dense_baseline_is_the_newest_with_the_same_model_data_and_protocol(store: Store) -> None:
+    add_result(store)
+    newest = add_result(store, value=11.0)
+    add_result(store, method="slicegpt", sparsity=0.2)
+    found = find_dense_baseline(store, "m", None, "wikitext2", PROTOCOL)
+    assert found is not None and found.id == newest
+
+
+@pytest.mark.parametrize(
+    "different",
+    [
+        {"protocol": {**PROTOCOL, "max_windows": None}},
+        {"protocol": {**PROTOCOL, "seqlen": 128}},
+        {"protocol": {**PROTOCOL, "dtype": "bfloat16"}},
+        {"protocol": {**PROTOCOL, "data_sha256": "b" * 64}},
+        {"model_revision": "abc"},
+        {"model_id": "other"},
+        {"metric": "acc"},
+        {"source": "predicted"},
+    ],
+)
+def test_a_baseline_measured_differently_is_not_reused(store: Store, different: dict[str, Any]) -> None:
+    add_result(store, **different)
+    assert find_dense_baseline(store, "m", None, "wikitext2", PROTOCOL) is None

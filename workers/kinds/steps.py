@@ -1,0 +1,128 @@
+"""Steps several job kinds share: load the model, score perplexity, find a reusable dense baseline.
+
+Every kind records perplexity under the same protocol keys (`perplexity_protocol`), so a dense
+number measured by an `evaluate` job is found and reused by a later `prune` job, and numbers
+from different kinds compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from sqlalchemy import select
+
+from app.db import Store
+from app.model_sources import ModelSource, ModelSourceError, resolve_model
+from app.schemas import ModelSpec, PerplexitySpec
+from app.tables import Result
+from workers.context import JobContext, JobFailure
+from workers.data import TextCorpus
+from workers.evaluate import EvaluationStopped, PerplexityResult, perplexity
+from workers.loading import LoadedModel, ModelLoadError, load_model
+
+# Protocol keys that must be equal for two perplexities of one model to be the same measurement.
+BASELINE_MATCH_KEYS = ("seqlen", "max_windows", "data_sha256", "dtype")
+
+
+def stage_progress(start: float, end: float, done: int, total: int) -> float:
+    """Map `done` of `total` steps of a stage onto the job's progress range [start, end]."""
+    fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 1.0
+    return start + (end - start) * fraction
+
+
+def step_reporter(
+    context: JobContext, stage: str, start: float, end: float, unit: str
+) -> Callable[[int, int], None]:
+    """A `progress(done, total)` callback reporting `stage` with detail like 'block 3/30'."""
+
+    def report(done: int, total: int) -> None:
+        context.report(stage, stage_progress(start, end, done, total), f"{unit} {done}/{total}")
+
+    return report
+
+
+def load_for_job(context: JobContext, spec: ModelSpec) -> tuple[ModelSource, LoadedModel]:
+    """Resolve and load the job's model; user-facing problems become JobFailure."""
+    try:
+        source = resolve_model(spec.model, context.settings, spec.revision)
+        loaded = load_model(source, context.settings, dtype=spec.dtype, device=spec.device)
+    except (ModelSourceError, ModelLoadError) as error:
+        raise JobFailure(str(error)) from error
+    return source, loaded
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def measure_perplexity(
+    context: JobContext,
+    model: torch.nn.Module,
+    token_ids: torch.Tensor,
+    spec: PerplexitySpec,
+    seqlen: int,
+    *,
+    stage: str,
+    start: float,
+    end: float,
+) -> PerplexityResult:
+    """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job."""
+    try:
+        return perplexity(
+            model,
+            token_ids,
+            seqlen=seqlen,
+            max_windows=spec.max_windows,
+            batch_size=spec.batch_size,
+            progress=step_reporter(context, stage, start, end, "window"),
+            should_stop=context.should_stop,
+        )
+    except EvaluationStopped:
+        context.check_stop()
+        raise
+    except ValueError as error:
+        raise JobFailure(f"perplexity: {error}") from error
+
+
+def perplexity_protocol(
+    measured: PerplexityResult, spec: PerplexitySpec, corpus: TextCorpus, dtype: torch.dtype, seed: int
+) -> dict[str, Any]:
+    """What a perplexity was measured with (science.md §4); BASELINE_MATCH_KEYS are among them."""
+    return {
+        "seqlen": measured.seqlen,
+        "requested_seqlen": spec.seqlen,
+        "windows": measured.windows,
+        "max_windows": spec.max_windows,
+        "nll_mean": measured.nll_mean,
+        "data_sha256": corpus.sha256,
+        "seed": seed,
+        "dtype": dtype_name(dtype),
+        "elapsed_s": round(measured.elapsed_s, 3),
+    }
+
+
+def find_dense_baseline(
+    store: Store, model_id: str, revision: str | None, dataset: str, protocol: dict[str, Any]
+) -> Result | None:
+    """The newest measured dense perplexity of this model (and revision) on `dataset` whose
+    protocol equals `protocol` on every BASELINE_MATCH_KEYS key, or None."""
+    wanted = {key: protocol[key] for key in BASELINE_MATCH_KEYS}
+    query = (
+        select(Result)
+        .where(
+            Result.model_id == model_id,
+            Result.method == "dense",
+            Result.metric == "ppl",
+            Result.dataset == dataset,
+            Result.source == "measured",
+            Result.model_revision.is_(None) if revision is None else Result.model_revision == revision,
+        )
+        .order_by(Result.id.desc())
+    )
+    with store.session() as session:
+        for row in session.scalars(query):
+            if all(row.protocol.get(key) == value for key, value in wanted.items()):
+                return row
+    return None
