@@ -24,8 +24,9 @@ lint: install-dev
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 
-## test: install, start PostgreSQL and Redis if they are down, lint, and run the whole suite
+## test: install (Python and Debian packages), start PostgreSQL and Redis if down, lint, run the suite
 test: install-dev
+	scripts/system-packages.sh
 	scripts/services.sh
 	$(MAKE) --no-print-directory lint
 	.venv/bin/pytest $(PYTEST_ARGS)

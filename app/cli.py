@@ -1,7 +1,12 @@
-"""The `prunecast` command: run the service (serve, worker, migrate) or talk to one (submit, wait).
+"""The `prunecast` command: run the service (serve, worker, migrate) or talk to one (submit, wait,
+predict).
 
-Exit codes of the client commands: 0 ok, 2 the job failed or was canceled, 3 usage or
-connection error (and 1 is kept for CI gates that fail).
+Exit codes of the client commands, for CI:
+  0  ok (and every gate passed)
+  1  a gate failed: --max-ppl or --max-acc-drop (a gate with nothing to check fails too)
+  2  the job failed or was canceled (submit --wait, wait)
+  3  usage or connection error, or the server refused the request (4xx, e.g. a 409 for an
+     unknown dense baseline; the problem is printed)
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
@@ -20,6 +25,7 @@ EXIT_JOB_FAILED = 2
 EXIT_USAGE = 3
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+ACCURACY_METRICS = ("acc", "acc_norm")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -115,6 +121,55 @@ def _job_exit_code(job: dict[str, Any]) -> int:
     return EXIT_OK if job["status"] == "succeeded" else EXIT_JOB_FAILED
 
 
+def _gate_report(failures: list[str], checked: list[str]) -> dict[str, Any]:
+    for line in failures:
+        print(f"gate failed: {line}", file=sys.stderr)
+    return {"passed": not failures, "failures": failures, "checked": checked}
+
+
+def _result_gates(client: Any, results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """--max-ppl / --max-acc-drop on a finished job's measured results: its pruned results, or all
+    of them when it pruned nothing. Accuracy drops are against the model's dense result of the same
+    metric and task (from the job, else the newest in the store)."""
+    scope = [r for r in results if r["method"] != "dense"] or results
+    failures: list[str] = []
+    checked: list[str] = []
+    if args.max_ppl is not None:
+        ppl = [r for r in scope if r["metric"] == "ppl"]
+        if not ppl:
+            failures.append(f"--max-ppl {args.max_ppl:g}: the job measured no perplexity")
+        for r in ppl:
+            line = f"ppl of {r['method']} at s = {r['sparsity']:g} is {r['value']:.4g}"
+            (failures if r["value"] > args.max_ppl else checked).append(f"{line} (max {args.max_ppl:g})")
+    if args.max_acc_drop is not None:
+        accuracy = [r for r in scope if r["metric"] in ACCURACY_METRICS and r["method"] != "dense"]
+        if not accuracy:
+            failures.append(f"--max-acc-drop {args.max_acc_drop:g}: the job measured no pruned accuracy")
+        for r in accuracy:
+            dense = _dense_result(client, results, r)
+            what = f"{r['metric']} on {r['dataset']} at s = {r['sparsity']:g}"
+            if dense is None:
+                failures.append(f"{what}: no dense {r['metric']} of {r['model']} to compare with")
+                continue
+            drop = dense["value"] - r["value"]
+            line = f"{what} drops {drop:.4f} (dense {dense['value']:.4f} -> {r['value']:.4f})"
+            (failures if drop > args.max_acc_drop else checked).append(f"{line} (max {args.max_acc_drop:g})")
+    return _gate_report(failures, checked)
+
+
+def _dense_result(
+    client: Any, results: list[dict[str, Any]], pruned: dict[str, Any]
+) -> dict[str, Any] | None:
+    for r in results:
+        if r["method"] == "dense" and (r["metric"], r["dataset"]) == (pruned["metric"], pruned["dataset"]):
+            return r
+    params = {"model": pruned["model"], "method": "dense", "metric": pruned["metric"]}
+    response = client.get("/v1/results", params={**params, "dataset": pruned["dataset"], "limit": 1})
+    response.raise_for_status()
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items[0] if items else None
+
+
 def _submit(args: argparse.Namespace) -> int:
     import httpx
 
@@ -137,12 +192,22 @@ def _submit(args: argparse.Namespace) -> int:
                 _print(response.json())
                 return EXIT_USAGE
             job = response.json()
+            gated = args.max_ppl is not None or args.max_acc_drop is not None
+            if gated and not args.wait:
+                print("--max-ppl and --max-acc-drop need --wait", file=sys.stderr)
+                return EXIT_USAGE
             if args.wait:
                 job = _wait_until_done(client, job["id"], args.timeout)
                 if job["status"] == "succeeded":
                     job["results"] = client.get(f"/v1/jobs/{job['id']}/results").json()["items"]
+                    if gated:
+                        job["gates"] = _result_gates(client, job["results"], args)
             _print(job)
-            return _job_exit_code(job) if args.wait else EXIT_OK
+            if not args.wait:
+                return EXIT_OK
+            if job["status"] != "succeeded":
+                return EXIT_JOB_FAILED
+            return EXIT_GATE_FAILED if gated and not job["gates"]["passed"] else EXIT_OK
     except (httpx.HTTPError, OSError) as error:
         print(f"cannot reach {args.server}: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -161,8 +226,159 @@ def _wait(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _predict_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /v1/predictions body the flags describe; ValueError names a bad combination."""
+    tasks = args.task or []
+    metric_names = list(dict.fromkeys(args.metric or ["ppl"]))
+    if args.max_acc_drop is not None and not any(m in ACCURACY_METRICS for m in metric_names):
+        metric_names.append("acc")
+    if args.max_ppl is not None and "ppl" not in metric_names:
+        metric_names.append("ppl")
+    metrics: list[dict[str, Any]] = []
+    for name in metric_names:
+        if name == "ppl":
+            metrics.append({"metric": "ppl"})
+        elif not tasks:
+            raise ValueError(f"--metric {name} needs --task (e.g. --task arc_easy)")
+        else:
+            metrics.extend({"metric": name, "task": task} for task in tasks)
+    body: dict[str, Any] = {
+        "model": args.model,
+        "method": args.method,
+        "sparsities": args.sparsity,
+        "metrics": metrics,
+    }
+    windows = args.max_windows
+    if windows is not None and windows != "all":
+        if not windows.isdigit():
+            raise ValueError(f"--max-windows takes a number or `all`, got {windows!r}")
+        windows = int(windows)
+    protocol = {"seqlen": args.seqlen, "max_windows": windows}
+    if any(value is not None for value in protocol.values()):
+        body["protocol"] = {key: value for key, value in protocol.items() if value is not None}
+    if args.points:
+        body["points"] = json.loads(Path(args.points).read_text())
+    return body
+
+
+def _prediction_gates(answer: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """--max-ppl / --max-acc-drop on every requested sparsity. The value checked is the response's
+    `value`: the calibrated law's when there is one, else the strict law's (the line says which). A
+    value the law cannot give (null: it diverges) fails the gate."""
+    failures: list[str] = []
+    checked: list[str] = []
+    for metric in answer["metrics"]:
+        is_ppl = metric["metric"] == "ppl"
+        limit = args.max_ppl if is_ppl else args.max_acc_drop
+        if limit is None:
+            continue
+        what = "ppl" if is_ppl else f"{metric['metric']} on {metric['task']}"
+        for p in metric["predictions"]:
+            law = "strict law" if p["law"] == "strict" else f"calibrated law {p['law']}"
+            where = f"{what} at s = {p['sparsity']:g} ({law})"
+            if p["value"] is None:
+                failures.append(f"{where}: no finite prediction")
+                continue
+            if is_ppl:
+                line, bad = f"{where} is {p['value']:.4g} (max {limit:g})", p["value"] > limit
+            else:
+                drop = metric["baseline"]["value"] - p["value"]
+                line, bad = f"{where} drops {drop:.4f} (max {limit:g})", drop > limit
+            (failures if bad else checked).append(line)
+    return _gate_report(failures, checked)
+
+
+def _print_prediction_table(answer: dict[str, Any]) -> None:
+    header = ("metric", "task", "sparsity", "value", "band", "law", "strict", "flags")
+    rows = [header]
+    for metric in answer["metrics"]:
+        for p in metric["predictions"]:
+            band = p["band"]
+            rows.append(
+                (
+                    metric["metric"],
+                    metric["task"] or "-",
+                    f"{p['sparsity']:g}",
+                    _fmt(p["value"]),
+                    f"[{_fmt(band[0])}, {_fmt(band[1])}]" if band else "-",
+                    p["law"],
+                    _fmt(p["strict"]),
+                    ",".join(p["flags"]) or "-",
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for metric in answer["metrics"]:
+        what = metric["metric"] if metric["task"] is None else f"{metric['metric']} on {metric['task']}"
+        base = metric["baseline"]
+        print(f"\n{what}: dense {base['value']:.4g}; protocol {metric['protocol']['selection']}")
+        if metric["fitted_on"]:
+            fitted = ", ".join(f"{p['sparsity']:g}: {p['value']:.4g}" for p in metric["fitted_on"])
+            print(f"  fitted on {fitted}")
+        if metric["strict_law"]:
+            print(f"  {metric['strict_law']['verdict']}")
+
+
+def _fmt(value: float | None) -> str:
+    return "null" if value is None else f"{value:.4g}"
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import httpx
+
+    try:
+        body = _predict_body(args)
+    except (OSError, ValueError) as error:
+        print(f"prunecast predict: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with _client(args) as client:
+            response = client.post("/v1/predictions", json=body)
+    except (httpx.HTTPError, OSError) as error:
+        print(f"cannot reach {args.server}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if response.status_code != 200:
+        try:
+            _print(response.json())
+        except ValueError:
+            print(response.text, file=sys.stderr)
+        return EXIT_USAGE
+    answer: dict[str, Any] = response.json()
+    gates = _prediction_gates(answer, args)
+    if args.json:
+        _print({**answer, "gates": gates})
+    else:
+        _print_prediction_table(answer)
+        for line in gates["checked"]:
+            print(f"gate ok: {line}")
+    return EXIT_OK if gates["passed"] else EXIT_GATE_FAILED
+
+
+def _add_gates(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-ppl", type=float, default=None, help="gate: exit 1 when a perplexity exceeds this"
+    )
+    parser.add_argument(
+        "--max-acc-drop",
+        type=float,
+        default=None,
+        help="gate: exit 1 when an accuracy falls more than this below the dense one (a fraction: 0.05)",
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, but 2 means a failed job here: usage errors exit 3."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prunecast", description=__doc__)
+    parser = _Parser(
+        prog="prunecast", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the API (and, without REDIS_URL, the worker too)")
@@ -197,8 +413,33 @@ def build_parser() -> argparse.ArgumentParser:
             client.add_argument("--file", help="read the job JSON from this file")
             client.add_argument("--wait", action="store_true", help="block until the job ends")
             client.add_argument("--idempotency-key", default=None)
+            _add_gates(client)
         else:
             client.add_argument("job_id")
+
+    predict = commands.add_parser(
+        "predict",
+        help="predict perplexity / accuracy at sparsities (POST /v1/predictions), with CI gates",
+        description="Predict with the calibrated law when measured pruned points exist, else the strict "
+        "law. Exit 0 ok, 1 a gate failed, 3 usage/connection error or a refused request (e.g. 409: "
+        "the dense baseline is unknown; the problem names the evaluate job that measures it).",
+    )
+    predict.add_argument("--server", default=os.environ.get("PRUNECAST_SERVER", DEFAULT_SERVER))
+    predict.add_argument("--model", required=True, help="model id as stored in results")
+    predict.add_argument("--method", default="slicegpt")
+    predict.add_argument(
+        "--sparsity", type=float, action="append", required=True, help="fraction removed; repeat for more"
+    )
+    predict.add_argument(
+        "--metric", action="append", choices=("ppl", *ACCURACY_METRICS), help="default ppl; repeatable"
+    )
+    predict.add_argument("--task", action="append", help="task of accuracy metrics, e.g. arc_easy")
+    predict.add_argument("--seqlen", type=int, default=None, help="perplexity protocol: window length")
+    predict.add_argument("--max-windows", default=None, help="perplexity protocol: a number or `all`")
+    predict.add_argument("--points", default=None, help="JSON file with your measured points")
+    predict.add_argument("--json", action="store_true", help="print the response (and gates) as JSON")
+    _add_gates(predict)
+    predict.set_defaults(run=_predict)
     return parser
 
 

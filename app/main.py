@@ -19,7 +19,7 @@ from app.migrate import pending_migrations
 from app.problems import install_problem_handlers, problem_response
 from app.queueing import make_queue
 from app.reconciler import Reconciler
-from app.routes import health, jobs, results
+from app.routes import fits, health, jobs, models, predictions, reports, results
 
 log = structlog.get_logger(__name__)
 
@@ -28,18 +28,30 @@ DESCRIPTION = """
 
 1. `POST /v1/jobs` with a job (`kind: evaluate` measures WikiText-2 perplexity of a model;
    `kind: prune` with `method: slicegpt` slices it at a `sparsity` and measures it against the
-   dense baseline); you get `202` and a `Location`.
+   dense baseline; `kind: sweep` does so at a list of `sparsities` and fits the prediction laws
+   to the points); you get `202` and a `Location`.
 2. `GET /v1/jobs/{id}/wait?timeout=60` blocks until the job ends (or the timeout);
    `GET /v1/jobs/{id}` shows its stage and progress at any time; `DELETE` cancels it.
-3. `GET /v1/results?model=...&metric=ppl` returns every measured number with its protocol.
+3. `GET /v1/results?model=...&metric=ppl` returns every measured number with its protocol;
+   `GET /v1/fits?model=...` (or `?job_id=` of a sweep) the laws fitted to them and their quality.
+4. `POST /v1/predictions` predicts perplexity (and accuracy) at any sparsity in milliseconds from
+   the dense baseline and the measured points, with a band and the law used;
+   `GET /v1/models/{model}/curves` draws them (JSON, SVG, PNG); `GET /v1/jobs/{id}/report` is a
+   job's page for people.
 
 Errors are RFC 9457 `application/problem+json`. When the server has API tokens configured,
 send `Authorization: Bearer <token>` (the *Authorize* button above).
 """
 
 TAGS = [
-    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, prune)."},
+    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, prune, sweep)."},
     {"name": "results", "description": "Measured numbers, with the protocol that produced them."},
+    {
+        "name": "fits",
+        "description": "Prediction laws fitted to measured points by sweeps, with their quality.",
+    },
+    {"name": "predictions", "description": "Predicted perplexity and accuracy at any sparsity, at once."},
+    {"name": "models", "description": "Per-model views over the results: curves as JSON, SVG, PNG."},
     {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
 ]
 
@@ -129,6 +141,10 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(results.router, dependencies=protected)
+    app.include_router(fits.router, dependencies=protected)
+    app.include_router(reports.router, dependencies=protected)
+    app.include_router(predictions.router, dependencies=protected)
+    app.include_router(models.router, dependencies=protected)
     app.include_router(health.router)
     app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(registry))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -154,3 +154,33 @@ class Artifact(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Fit(Base):
+    """A prediction law fitted to measured points of one model, method, metric and protocol (a
+    sweep stores one per metric), with how well every candidate law matched those points."""
+
+    __tablename__ = "fits"
+    __table_args__ = (Index("ix_fits_model_method_metric", "model_id", "method", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, default=None
+    )
+    model_id: Mapped[str] = mapped_column(String(512))
+    model_revision: Mapped[str | None] = mapped_column(String(128), default=None)
+    method: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(64))  # "ppl" (later "acc", "acc_norm" per task)
+    dataset: Mapped[str] = mapped_column(String(128))
+    # The protocol the points share: perplexity keys (steps.BASELINE_MATCH_KEYS), calibration...
+    protocol: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    law: Mapped[str] = mapped_column(String(64))  # the chosen law, e.g. "alpha", "affine"
+    formula: Mapped[str] = mapped_column(String(256))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # the chosen law's parameters
+    baseline: Mapped[float] = mapped_column(Float)  # the measured dense value (PPL0 or acc0)
+    # [{"sparsity", "value", "result_id", "used"}], dense point first
+    points: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    # law -> {"n", "r2", "max_ape", "mean_ape", "loo_rel_error", "formula", "params"}, strict included
+    quality: Mapped[dict[str, Any]] = mapped_column(JSON)
+    chosen_reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 
 from app.config import Settings
 from app.db import Store
-from app.tables import Artifact, Job, JobStatus, Result, utcnow
+from app.tables import Artifact, Fit, Job, JobStatus, Result, utcnow
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +156,11 @@ class JobContext:
         """Record files this job wrote (e.g. a sliced model), unless this attempt was superseded."""
         self._add_rows(artifacts, "artifacts")
 
-    def _add_rows(self, rows: Sequence[Result | Artifact], what: str) -> None:
+    def add_fits(self, fits: Sequence[Fit]) -> None:
+        """Record laws fitted to this job's points, unless this attempt was superseded."""
+        self._add_rows(fits, "fits")
+
+    def _add_rows(self, rows: Sequence[Result | Artifact | Fit], what: str) -> None:
         with self.store.session() as session:
             owner = session.scalar(select(Job.id).where(self._guard()).with_for_update())
             if owner is None:

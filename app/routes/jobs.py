@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import structlog
@@ -14,7 +15,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.deps import ServicesDep, SessionDep
+from app.deps import Services, ServicesDep, SessionDep
 from app.model_sources import ModelSource, ModelSourceError, resolve_model
 from app.problems import Problem, ProblemError
 from app.queueing import QueueUnavailable
@@ -28,6 +29,7 @@ from app.schemas import (
     JobPublic,
     PruneJobCreate,
     ResultList,
+    SweepJobCreate,
 )
 from app.tables import Artifact, Job, JobStatus, Result, utcnow
 from workers.slicing.families import refusal_reason  # torch-free by design
@@ -102,13 +104,28 @@ def submit_job(
     The model is checked at once: an unknown alias, a path outside the model roots or an HF id
     missing from the local cache is a 422 here rather than a failed job later.
     """
+    row, replayed = create_job(services, job, idempotency_key)
+    if replayed:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{row.id}"
+    return job_public(row)
+
+
+def create_job(services: Services, job: JobCreate, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Check, store and enqueue a job: what POST /v1/jobs does (POST /v1/predictions reuses it).
+
+    Returns the row and whether it replays an earlier submission with the same Idempotency-Key
+    (the same key with a different body is a 422).
+    """
     settings = services.settings
     try:
         source = resolve_model(job.model, settings, job.revision)
     except ModelSourceError as error:
         raise ProblemError(422, str(error), slug="invalid-model", title="Model not usable") from error
     if isinstance(job, PruneJobCreate):
-        _check_prunable(job, source)
+        _check_prunable(source, job.method, [job.sparsity], job.round_to)
+    elif isinstance(job, SweepJobCreate):
+        _check_prunable(source, job.method, job.sparsities, job.round_to)
     request_body = job.model_dump(mode="json")
     request_hash = _request_hash(request_body)
 
@@ -116,7 +133,7 @@ def submit_job(
         if idempotency_key is not None:
             existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
             if existing is not None:
-                return _replay(existing, request_hash, response)
+                return _replay(existing, request_hash), True
         row = Job(
             kind=job.kind,
             request=request_body,
@@ -132,7 +149,7 @@ def submit_job(
             existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
             if existing is None:
                 raise
-            return _replay(existing, request_hash, response)
+            return _replay(existing, request_hash), True
     # The row is committed before the enqueue: a crash in between leaves a queued job that the
     # reconciler enqueues, never a queue entry without a job.
     try:
@@ -147,17 +164,17 @@ def submit_job(
             error=str(error),
         )
     log.info("job submitted", job_id=row.id, kind=row.kind, model=row.model_id)
-    response.headers["Location"] = f"/v1/jobs/{row.id}"
-    return job_public(row)
+    return row, False
 
 
-def _check_prunable(job: PruneJobCreate, source: ModelSource) -> None:
-    """Refuse now what the worker would refuse after loading the model, when the config is at hand.
+def _check_prunable(source: ModelSource, method: str, sparsities: Sequence[float], round_to: int) -> None:
+    """Refuse now what the worker would refuse after loading the model, when the config is at hand
+    (`prune` jobs: one sparsity; `sweep` jobs: each of theirs).
 
     Packaged models carry no config.json here (they are GGUF); they are known to be prunable.
     """
     config = source.config
-    if config is None or job.method != "slicegpt":
+    if config is None or method != "slicegpt":
         return
     reason = refusal_reason(config)
     if reason is not None:
@@ -167,14 +184,15 @@ def _check_prunable(job: PruneJobCreate, source: ModelSource) -> None:
     hidden_size = config.get("hidden_size", config.get("n_embd"))
     if isinstance(hidden_size, int):
         try:
-            sliced_width(hidden_size, job.sparsity, job.round_to)
+            for sparsity in sparsities:
+                sliced_width(hidden_size, sparsity, round_to)
         except ValueError as error:
             raise ProblemError(
                 422, f"{error}; lower sparsity or round_to", slug="invalid-sparsity", title="Nothing left"
             ) from error
 
 
-def _replay(existing: Job, request_hash: str, response: Response) -> JobPublic:
+def _replay(existing: Job, request_hash: str) -> Job:
     if existing.request_hash != request_hash:
         raise ProblemError(
             422,
@@ -182,9 +200,7 @@ def _replay(existing: Job, request_hash: str, response: Response) -> JobPublic:
             slug="idempotency-key-reused",
             job_id=existing.id,
         )
-    response.status_code = 200
-    response.headers["Location"] = f"/v1/jobs/{existing.id}"
-    return job_public(existing)
+    return existing
 
 
 @router.get("", response_model=JobList)

@@ -22,8 +22,8 @@ from app.tables import Job
 from tests.app.test_jobs_api import evaluate_body
 from tests.conftest import wait_for
 
-# Long enough (1500 tiny windows, ~10-30 s) to be caught mid-run, short enough to rerun.
-LONG_RUN = {"max_windows": 1500, "seqlen": 16}
+# Long enough (800 tiny windows, ~5-30 s) to be caught mid-run, short enough to rerun.
+LONG_RUN = {"max_windows": 800, "seqlen": 16}
 
 
 def job_state(api: TestClient, job_id: str) -> dict[str, Any]:

