@@ -7,7 +7,7 @@ silently ignored option.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -46,11 +46,60 @@ class ModelSpec(StrictModel):
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for any sampling the job does.")
 
 
+# Multiple-choice tasks, named as lm-evaluation-harness names them (workers.mc_tasks.TASKS; a test
+# checks the two agree). Spelled out here because the API never imports the worker's data code.
+AccuracyTask = Literal["arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande", "boolq", "openbookqa"]
+ACCURACY_TASKS: tuple[str, ...] = get_args(AccuracyTask)
+
+
+class AccuracySpec(StrictModel):
+    """Multiple-choice accuracy by the lm-evaluation-harness log-likelihood protocol (science.md §4):
+    `acc` and, where lm-eval defines it, `acc_norm`, each with its standard error, per task."""
+
+    tasks: list[AccuracyTask] = Field(
+        min_length=1,
+        max_length=len(ACCURACY_TASKS),
+        description="Tasks to score, each once. Each scores lm-eval's default split (ARC and "
+        "OpenBookQA: test; the others: validation).",
+        examples=[["arc_easy", "winogrande"]],
+    )
+    limit: int | None = Field(
+        None, ge=1, le=100_000, description="Score only N docs per task (cheap runs); null = all."
+    )
+    subsample_seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="With `limit`: N seeded random docs instead of the first N; null = the first N.",
+    )
+    num_fewshot: int = Field(
+        0, ge=0, le=25, description="Solved examples before each question (drawn from the same split)."
+    )
+    batch_size: int = Field(16, ge=1, le=512, description="Options scored per forward pass.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("tasks lists the same task twice")
+        return value
+
+
 class EvaluateJobCreate(ModelSpec):
-    """Measure a model as it is: perplexity (and, later, multiple-choice accuracy)."""
+    """Measure a model as it is: perplexity and/or multiple-choice accuracy."""
 
     kind: Literal["evaluate"]
-    perplexity: PerplexitySpec = Field(default_factory=PerplexitySpec)
+    perplexity: PerplexitySpec | None = Field(
+        default_factory=PerplexitySpec,
+        description="Perplexity protocol; on (with its defaults) when omitted, null to skip it.",
+    )
+    accuracy: AccuracySpec | None = Field(None, description="Multiple-choice tasks to score; null: none.")
+
+    @model_validator(mode="after")
+    def _measures_something(self) -> EvaluateJobCreate:
+        if self.perplexity is None and self.accuracy is None:
+            raise ValueError("an evaluate job must measure something: give `perplexity`, `accuracy` or both")
+        return self
 
 
 # Longest calibration text a request may carry (characters). The request body limit
@@ -121,6 +170,11 @@ class PruneJobCreate(ModelSpec):
         default_factory=PerplexitySpec,
         description="How the dense and pruned models are scored; the dense baseline is reused "
         "from an earlier job when model, data and this protocol match.",
+    )
+    accuracy: AccuracySpec | None = Field(
+        None,
+        description="Multiple-choice tasks to score the dense and the pruned model on; the dense "
+        "accuracy is reused from an earlier job when model, data and this protocol match.",
     )
     save_artifact: bool = Field(
         True, description="Save the pruned model under the artifact directory (see `/artifacts`)."
@@ -260,6 +314,26 @@ class ResultPublic(BaseModel):
 class ResultList(BaseModel):
     items: list[ResultPublic]
     next_cursor: str | None = None
+
+
+class LmEvalExport(BaseModel):
+    """A job's accuracy in lm-evaluation-harness's results format (`results_*.json`): per task
+    `acc,none`, `acc_stderr,none`, `acc_norm,none`, `acc_norm_stderr,none` and `alias`; what lm-eval
+    has no place for (job, method, sparsity, dense baseline, perplexity) is under `prunecast`."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    results: dict[str, dict[str, Any]] = Field(description="Task -> lm-eval metric keys -> value.")
+    groups: dict[str, Any] = Field(default_factory=dict)
+    configs: dict[str, dict[str, Any]] = Field(description="Task -> how it was scored.")
+    versions: dict[str, float | None]
+    n_shot: dict[str, int] = Field(alias="n-shot")
+    higher_is_better: dict[str, dict[str, bool]]
+    n_samples: dict[str, dict[str, int]] = Field(alias="n-samples", description="original / effective docs.")
+    config: dict[str, Any] = Field(description="model, model_args, batch_size, device, limit.")
+    model_name: str
+    model_revision: str | None = None
+    prunecast: dict[str, Any] = Field(description="job_id, kind, method, sparsity, dense, perplexity.")
 
 
 class ArtifactPublic(BaseModel):

@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import structlog
 from fastapi import APIRouter, Body, Header, Query, Request, Response
@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.deps import Services, ServicesDep, SessionDep
+from app.lm_eval_export import lm_eval_export
 from app.model_sources import ModelSource, ModelSourceError, resolve_model
 from app.problems import Problem, ProblemError
 from app.queueing import QueueUnavailable
@@ -27,6 +28,7 @@ from app.schemas import (
     JobLinks,
     JobList,
     JobPublic,
+    LmEvalExport,
     PruneJobCreate,
     ResultList,
     SweepJobCreate,
@@ -309,11 +311,21 @@ def _load_job(services: ServicesDep, job_id: str) -> Job:
         return _get_job(session, job_id)
 
 
-@router.get("/{job_id}/results", response_model=ResultList, responses=PROBLEMS)
-def job_results(job_id: str, session: SessionDep) -> ResultList:
-    """Every result this job stored."""
-    _get_job(session, job_id)
+@router.get("/{job_id}/results", response_model=ResultList | LmEvalExport, responses=PROBLEMS)
+def job_results(
+    job_id: str,
+    session: SessionDep,
+    format: Annotated[
+        Literal["json", "lm-eval"],
+        Query(description="`json`: the stored results; `lm-eval`: accuracy as lm-evaluation-harness does."),
+    ] = "json",
+) -> ResultList | LmEvalExport:
+    """Every result this job stored, or (`format=lm-eval`) its accuracy in lm-evaluation-harness's
+    results format: per task `acc,none`, `acc_stderr,none`, `acc_norm,none`, ..., `alias`."""
+    job = _get_job(session, job_id)
     rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
+    if format == "lm-eval":
+        return LmEvalExport.model_validate(lm_eval_export(job, rows))
     return ResultList(items=[result_public(row) for row in rows])
 
 

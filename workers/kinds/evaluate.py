@@ -1,4 +1,8 @@
-"""`evaluate` jobs: measure a model as it is (dense), store the numbers with their protocol."""
+"""`evaluate` jobs: measure a model as it is (dense), store the numbers with their protocol.
+
+Stages: loading model, then perplexity (detail "window i/W") when asked, then accuracy (detail
+"<task> i/N") when asked; perplexity and accuracy share the job's progress after loading.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, load_wikitext2_test, tokenize_corpus
 from workers.environment import run_environment
 from workers.evaluate import effective_seqlen
+from workers.kinds.accuracy_steps import accuracy_results, measure_accuracy, plan_tasks
 from workers.kinds.steps import load_for_job, measure_perplexity, perplexity_protocol
 
 
@@ -18,36 +23,70 @@ def run(context: JobContext) -> None:
     source, loaded = load_for_job(context, spec)
     environment = run_environment(loaded.device)
     context.set_environment(environment)
+    # Check the task data before spending time on perplexity.
+    plans = plan_tasks(spec.accuracy, loaded) if spec.accuracy is not None else []
+    accuracy_start = 0.1 if spec.perplexity is None else (0.55 if plans else 1.0)
 
     ppl_spec = spec.perplexity
-    context.report("loading data", 0.08, ppl_spec.dataset)
-    try:
-        corpus = load_wikitext2_test(settings)
-    except DataMissingError as error:
-        raise JobFailure(str(error)) from error
-    token_ids = tokenize_corpus(loaded.tokenizer, corpus, settings=settings)
-    seqlen = effective_seqlen(loaded.model, ppl_spec.seqlen)
-    measured = measure_perplexity(
-        context, loaded.model, token_ids, ppl_spec, seqlen, stage="perplexity", start=0.1, end=1.0
-    )
+    if ppl_spec is not None:
+        context.report("loading data", 0.08, ppl_spec.dataset)
+        try:
+            corpus = load_wikitext2_test(settings)
+        except DataMissingError as error:
+            raise JobFailure(str(error)) from error
+        token_ids = tokenize_corpus(loaded.tokenizer, corpus, settings=settings)
+        seqlen = effective_seqlen(loaded.model, ppl_spec.seqlen)
+        measured = measure_perplexity(
+            context,
+            loaded.model,
+            token_ids,
+            ppl_spec,
+            seqlen,
+            stage="perplexity",
+            start=0.1,
+            end=accuracy_start,
+        )
+        context.add_results(
+            [
+                Result(
+                    model_id=source.model_id,
+                    model_revision=loaded.revision,
+                    method="dense",
+                    sparsity=0.0,
+                    metric="ppl",
+                    dataset=ppl_spec.dataset,
+                    split=corpus.split,
+                    value=measured.ppl,
+                    n=measured.tokens_scored,
+                    source="measured",
+                    protocol={
+                        **perplexity_protocol(measured, ppl_spec, corpus, loaded.dtype, spec.seed),
+                        **environment,
+                    },
+                )
+            ]
+        )
 
-    context.add_results(
-        [
-            Result(
-                model_id=source.model_id,
-                model_revision=loaded.revision,
-                method="dense",
-                sparsity=0.0,
-                metric="ppl",
-                dataset=ppl_spec.dataset,
-                split=corpus.split,
-                value=measured.ppl,
-                n=measured.tokens_scored,
-                source="measured",
-                protocol={
-                    **perplexity_protocol(measured, ppl_spec, corpus, loaded.dtype, spec.seed),
-                    **environment,
-                },
+    if spec.accuracy is not None:
+        tasks = [plan.name for plan in plans]
+        for scored in measure_accuracy(
+            context,
+            loaded.model,
+            loaded.tokenizer,
+            spec.accuracy,
+            tasks,
+            stage="accuracy",
+            start=accuracy_start,
+            end=1.0,
+        ):
+            context.add_results(
+                accuracy_results(
+                    scored,
+                    source=source,
+                    loaded=loaded,
+                    method="dense",
+                    sparsity=0.0,
+                    seed=spec.seed,
+                    environment=environment,
+                )
             )
-        ]
-    )

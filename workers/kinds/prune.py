@@ -10,9 +10,14 @@ Stages and the share of the job's progress each one covers:
     saving          0.75-0.80  the sliced model under <artifacts dir>/<job id>/, recorded in `artifacts`
     perplexity      0.80-1.00  detail "window i/W"
 
+With `accuracy`, the dense baseline span also covers the dense accuracy ("dense accuracy", reused
+like the perplexity), slicing to perplexity end at 0.90 and "accuracy" (detail "<task> i/N")
+scores the pruned model in 0.90-1.00.
+
 Results: `ppl` of the pruned model (method, requested sparsity; protocol = perplexity protocol +
 calibration record + slicing report + timings + versions) and `param_fraction_removed` (the real
-fraction of parameters removed, which differs from the sparsity of the residual width).
+fraction of parameters removed, which differs from the sparsity of the residual width), and with
+`accuracy` `acc` / `acc_norm` per task (dataset = the task) of the dense and the pruned model.
 The steps are shared with `sweep` jobs (workers.kinds.slicing_steps).
 """
 
@@ -22,7 +27,15 @@ import time
 
 from app.schemas import PruneJobCreate
 from workers.context import JobContext
-from workers.kinds.slicing_steps import PrepareSpans, lap, prepare, pruned_results, slice_and_measure
+from workers.kinds.accuracy_steps import measure_accuracy
+from workers.kinds.slicing_steps import (
+    PrepareSpans,
+    lap,
+    prepare,
+    pruned_accuracy_results,
+    pruned_results,
+    slice_and_measure,
+)
 
 SPANS = PrepareSpans(load=0.02, baseline=(0.05, 0.25), calibration=(0.25, 0.30))
 
@@ -30,7 +43,8 @@ SPANS = PrepareSpans(load=0.02, baseline=(0.05, 0.25), calibration=(0.25, 0.30))
 def run(context: JobContext) -> None:
     spec = PruneJobCreate.model_validate(context.request)
     started = time.perf_counter()
-    prepared = prepare(context, spec, SPANS)
+    prepared = prepare(context, spec, SPANS, spec.accuracy)
+    measured_end = 1.0 if spec.accuracy is None else 0.9
     outcome = slice_and_measure(
         context,
         prepared,
@@ -38,11 +52,28 @@ def run(context: JobContext) -> None:
         spec,
         spec.sparsity,
         start=SPANS.calibration[1],
-        end=1.0,
+        end=measured_end,
         artifact_folder=context.settings.artifacts_dir / context.job_id if spec.save_artifact else None,
     )
+    scored = []
+    if spec.accuracy is not None:
+        lap_started = time.perf_counter()
+        scored = measure_accuracy(
+            context,
+            prepared.loaded.model,
+            prepared.loaded.tokenizer,
+            spec.accuracy,
+            [plan.name for plan in prepared.accuracy_plans],
+            stage="accuracy",
+            start=measured_end,
+            end=1.0,
+        )
+        outcome.timings["accuracy_s"] = lap(lap_started)
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}
-    context.add_results(pruned_results(prepared, spec, outcome, timings=timings))
+    context.add_results(
+        pruned_results(prepared, spec, outcome, timings=timings)
+        + pruned_accuracy_results(prepared, spec, outcome, scored)
+    )
     context.log.info(
         "prune finished",
         method=spec.method,

@@ -20,13 +20,21 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from app.model_sources import ModelSource
-from app.schemas import PruneJobCreate, SweepJobCreate
+from app.schemas import AccuracySpec, PruneJobCreate, SweepJobCreate
 from app.tables import Artifact, Result
+from workers.accuracy import TaskResult
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
 from workers.environment import run_environment
 from workers.evaluate import PerplexityResult, effective_seqlen
+from workers.kinds.accuracy_steps import (
+    DenseAccuracy,
+    TaskPlan,
+    accuracy_results,
+    dense_accuracy,
+    plan_tasks,
+)
 from workers.kinds.steps import (
     PerplexityData,
     dense_baseline,
@@ -75,6 +83,8 @@ class Prepared:
     calibration: CalibrationBatch
     calibration_record: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    accuracy_plans: list[TaskPlan] = field(default_factory=list)  # empty: no accuracy asked
+    dense_accuracy: dict[str, DenseAccuracy] = field(default_factory=dict)  # task -> its dense rows
 
 
 @dataclass(frozen=True)
@@ -92,10 +102,13 @@ def lap(since: float) -> float:
     return round(time.perf_counter() - since, 3)
 
 
-def prepare(context: JobContext, spec: SlicingJob, spans: PrepareSpans) -> Prepared:
+def prepare(
+    context: JobContext, spec: SlicingJob, spans: PrepareSpans, accuracy: AccuracySpec | None = None
+) -> Prepared:
     """Load the model (refusing unsupported architectures before any measurement), then the dense
-    baseline (reused from the store when the same model, data and protocol were measured before)
-    and the calibration windows."""
+    baseline (reused from the store when the same model, data and protocol were measured before),
+    the dense accuracy on `accuracy`'s tasks (reused likewise; the second half of the baseline
+    span) and the calibration windows."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     context.report("loading model", spans.load, spec.model)
@@ -107,21 +120,24 @@ def prepare(context: JobContext, spec: SlicingJob, spans: PrepareSpans) -> Prepa
     environment = run_environment(loaded.device)
     context.set_environment(environment)
     timings["load_s"] = lap(started)
+    plans = plan_tasks(accuracy, loaded) if accuracy is not None else []  # data checked up front
 
     lap_started = time.perf_counter()
-    context.report("dense baseline", spans.baseline[0], spec.perplexity.dataset)
+    baseline_start, baseline_end = spans.baseline
+    ppl_end = (baseline_start + baseline_end) / 2 if plans else baseline_end
+    context.report("dense baseline", baseline_start, spec.perplexity.dataset)
     data = perplexity_data(context, loaded, spec.perplexity)
     dense, reused = dense_baseline(
-        context,
-        source,
-        loaded,
-        data,
-        environment,
-        spec.seed,
-        start=spans.baseline[0],
-        end=spans.baseline[1],
+        context, source, loaded, data, environment, spec.seed, start=baseline_start, end=ppl_end
     )
     timings["dense_baseline_s"] = lap(lap_started)
+    dense_acc: dict[str, DenseAccuracy] = {}
+    if accuracy is not None:
+        lap_started = time.perf_counter()
+        dense_acc = dense_accuracy(
+            context, source, loaded, accuracy, plans, environment, spec.seed, start=ppl_end, end=baseline_end
+        )
+        timings["dense_accuracy_s"] = lap(lap_started)
 
     lap_started = time.perf_counter()
     calibration_spec = spec.calibration
@@ -150,6 +166,8 @@ def prepare(context: JobContext, spec: SlicingJob, spans: PrepareSpans) -> Prepa
         calibration=calibration,
         calibration_record={**calibration.record, "batch_size": calibration_spec.batch_size},
         timings=timings,
+        accuracy_plans=plans,
+        dense_accuracy=dense_acc,
     )
 
 
@@ -295,6 +313,47 @@ def pruned_results(
             },
         ),
     ]
+
+
+def pruned_accuracy_results(
+    prepared: Prepared,
+    spec: SlicingJob,
+    outcome: Measured,
+    scored: list[TaskResult],
+    *,
+    extra_protocol: dict[str, Any] | None = None,
+) -> list[Result]:
+    """The rows of a sliced model's accuracy: per task and metric (see `accuracy_steps`), each
+    with the dense result it compares with, the calibration record, the kept width and the
+    artifact, then `extra_protocol`."""
+    rows = []
+    for measured in scored:
+        dense = prepared.dense_accuracy[measured.task]
+        per_metric = {
+            metric: {
+                "method": spec.method,
+                "dense_result_id": row.id,
+                "dense_value": row.value,
+                "dense_reused": dense.reused,
+                "calibration": prepared.calibration_record,
+                "width": outcome.report.width,
+                "param_fraction_removed": outcome.report.param_fraction_removed,
+                "artifact": outcome.artifact_path,
+                **(extra_protocol or {}),
+            }
+            for metric, row in dense.results.items()
+        }
+        rows += accuracy_results(
+            measured,
+            source=prepared.source,
+            loaded=prepared.loaded,
+            method=spec.method,
+            sparsity=outcome.sparsity,
+            seed=spec.seed,
+            environment=prepared.environment,
+            extra_protocol=per_metric,
+        )
+    return rows
 
 
 def save_artifact(

@@ -107,17 +107,25 @@ def perplexity_protocol(
 
 
 def find_dense_baseline(
-    store: Store, model_id: str, revision: str | None, dataset: str, protocol: dict[str, Any]
+    store: Store,
+    model_id: str,
+    revision: str | None,
+    dataset: str,
+    protocol: dict[str, Any],
+    *,
+    metric: str = "ppl",
+    match_keys: tuple[str, ...] = BASELINE_MATCH_KEYS,
 ) -> Result | None:
-    """The newest measured dense perplexity of this model (and revision) on `dataset` whose
-    protocol equals `protocol` on every BASELINE_MATCH_KEYS key, or None."""
-    wanted = {key: protocol[key] for key in BASELINE_MATCH_KEYS}
+    """The newest measured dense `metric` of this model (and revision) on `dataset` whose protocol
+    equals `protocol` on every `match_keys` key, or None. Perplexity matches on BASELINE_MATCH_KEYS;
+    accuracy (dataset = the task) on `accuracy_steps.ACCURACY_MATCH_KEYS`."""
+    wanted = {key: protocol[key] for key in match_keys}
     query = (
         select(Result)
         .where(
             Result.model_id == model_id,
             Result.method == "dense",
-            Result.metric == "ppl",
+            Result.metric == metric,
             Result.dataset == dataset,
             Result.source == "measured",
             Result.model_revision.is_(None) if revision is None else Result.model_revision == revision,

@@ -344,6 +344,7 @@ def slice_model(
         if progress is not None:
             progress(index + 1, num_blocks)
 
+    batches.clear()  # the activations are spent; free them before the head's large temporaries
     head_started = time.perf_counter()
     fuse_final_norm(model, adapter, full, compute)
     rotate_readers([adapter.lm_head(model)], basis, widths.head)

@@ -13,11 +13,17 @@ and stored where the parameter was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 ReadWriteModule = nn.Linear | Conv1D
+
+# Rows per float64 chunk when transforming row-independent matrices. A 49152 x 576 head or
+# embedding would otherwise need two float64 copies (~450 MB) at once; chunks bound that to ~40 MB.
+ROW_CHUNK = 8192
 
 
 def tensor_of(module: nn.Module, name: str) -> torch.Tensor:
@@ -77,20 +83,37 @@ def _f64(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.detach().to(device=device, dtype=torch.float64)
 
 
+def _map_rows(
+    matrix: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """transform() applied in float64 on `device` to row chunks of `matrix`; the result is
+    assembled in `matrix`'s dtype and device, so no full-size float64 copy ever exists."""
+    result: torch.Tensor | None = None
+    for start in range(0, matrix.shape[0], ROW_CHUNK):
+        piece = transform(_f64(matrix[start : start + ROW_CHUNK], device))  # (rows, cols), float64
+        if result is None:
+            result = torch.empty((matrix.shape[0], piece.shape[1]), dtype=matrix.dtype, device=matrix.device)
+        result[start : start + piece.shape[0]] = piece.to(device=matrix.device, dtype=matrix.dtype)
+    assert result is not None, "empty matrix"
+    return result
+
+
 def fold_norm_into_readers(
     readers: list[nn.Module], scale: torch.Tensor | None, shift: torch.Tensor | None, device: torch.device
 ) -> None:
     """W <- W diag(scale); b <- b + W_orig @ shift (a reader without bias gains one if shift exists)."""
+    scale64 = None if scale is None else _f64(scale, device)[None, :]  # (1, D)
     for reader in readers:
-        weight = _f64(weight_out_in(reader), device)  # (out, D)
-        new_weight = weight if scale is None else weight * _f64(scale, device)[None, :]
+        weight = weight_out_in(reader)  # (out, D)
         if shift is not None:
-            bias = weight @ _f64(shift, device)  # (out,)
+            shift64 = _f64(shift, device)
+            bias = torch.cat([_f64(rows, device) @ shift64 for rows in weight.split(ROW_CHUNK)])  # (out,)
             old_bias = bias_of(reader)
             if old_bias is not None:
                 bias = bias + _f64(old_bias, device)
             set_bias(reader, bias, like=tensor_of(reader, "weight"))
-        set_weight_out_in(reader, new_weight)
+        if scale64 is not None:
+            set_weight_out_in(reader, _map_rows(weight, lambda rows: rows * scale64, device))
 
 
 def centre_writer(writer: nn.Module, device: torch.device) -> None:
@@ -112,8 +135,8 @@ def centre_embedding(embedding: nn.Embedding, device: torch.device) -> None:
 def rotate_readers(readers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
     """W <- W @ Q[:, :keep] for every reader; Q is float64 on the compute device."""
     for reader in readers:
-        weight = _f64(weight_out_in(reader), basis.device)  # (out, D)
-        set_weight_out_in(reader, weight @ basis[:, :keep])  # (out, keep)
+        rotated = _map_rows(weight_out_in(reader), lambda rows: rows @ basis[:, :keep], basis.device)
+        set_weight_out_in(reader, rotated)  # (out, keep)
 
 
 def rotate_writers(writers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
@@ -127,5 +150,5 @@ def rotate_writers(writers: list[nn.Module], basis: torch.Tensor, keep: int) -> 
 
 
 def rotate_embedding(embedding: nn.Embedding, basis: torch.Tensor, keep: int) -> None:
-    table = _f64(embedding.weight, basis.device)  # (rows, D)
-    set_embedding(embedding, table @ basis[:, :keep])  # (rows, keep)
+    rotated = _map_rows(embedding.weight, lambda rows: rows @ basis[:, :keep], basis.device)
+    set_embedding(embedding, rotated)  # (rows, keep)

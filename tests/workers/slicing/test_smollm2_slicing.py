@@ -7,7 +7,7 @@ Protocol (printed with `pytest -s`, quoted in the issue note): WikiText-2 raw te
 seqlen 512, first 4 windows; calibration 32 sequences x 256 tokens cut at seeded (42) random
 offsets from the tokenised BoolQ Wikipedia passages; d rounded down to a multiple of 8; head not
 sliced. Most of the time goes to the three slicing runs (~30 s each on 2 cores when the machine is
-otherwise idle; the module took 5.7 min under a load average of 5-7 on 2 cores).
+otherwise idle; the module took 2.4 min on 2 lightly loaded cores, 5.7 min under a load average of 5-7).
 """
 
 from __future__ import annotations

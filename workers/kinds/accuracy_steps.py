@@ -1,0 +1,221 @@
+"""Steps that score multiple-choice accuracy in a job (`evaluate`, `prune`): plan the tasks, score
+them with progress and cancellation, find or measure the dense accuracy, and the result rows.
+
+Every task becomes one result per lm-eval metric it defines (`acc`, and `acc_norm` except for
+WinoGrande), with the task name as the result's `dataset`, its split as `split`, the standard
+error as `stderr` and the docs scored as `n`. The protocol is the scorer's (`TaskResult.protocol`)
+plus `chance`, the hash of the docs as scored, timings and versions. A dense accuracy is reused by
+a later job when model, revision and ACCURACY_MATCH_KEYS agree (`steps.find_dense_baseline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from app.model_sources import ModelSource
+from app.schemas import AccuracySpec
+from app.tables import Result
+from workers.accuracy import TaskResult, score_task
+from workers.context import JobContext, JobFailure
+from workers.data import DataMissingError
+from workers.evaluate import EvaluationStopped
+from workers.kinds.steps import dtype_name, find_dense_baseline, stage_progress
+from workers.loading import LoadedModel
+from workers.mc_tasks import TaskDataError, docs_sha256, fewshot_docs, load_task
+
+# Seed of the few-shot draws (lm-eval's default fewshot seed); recorded in the protocol.
+FEWSHOT_SEED = 1234
+# Protocol keys that must be equal for two accuracies of one model on one task to be the same
+# measurement. `data_sha256` hashes the docs as scored, few-shot prompts included.
+ACCURACY_MATCH_KEYS = ("limit", "subsample_seed", "num_fewshot", "data_sha256", "dtype")
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task of a job, its data checked before any scoring."""
+
+    name: str
+    split: str
+    metrics: tuple[str, ...]  # ("acc", "acc_norm") or ("acc",)
+    match: dict[str, Any]  # ACCURACY_MATCH_KEYS -> value: what a reusable dense accuracy must share
+
+
+@dataclass(frozen=True)
+class DenseAccuracy:
+    """The dense accuracy of one task: metric -> result, and whether another job measured it."""
+
+    results: dict[str, Result]
+    reused: bool
+
+
+def plan_tasks(spec: AccuracySpec, loaded: LoadedModel) -> list[TaskPlan]:
+    """Load every task's docs now, so that missing or malformed data fails the job before any
+    scoring, and hash the docs as they will be scored."""
+    plans = []
+    for name in spec.tasks:
+        try:
+            task = load_task(name)
+            indices = task.select(limit=spec.limit, subsample_seed=spec.subsample_seed)
+            docs = fewshot_docs(task, indices, spec.num_fewshot, FEWSHOT_SEED)
+        except (TaskDataError, DataMissingError, ValueError) as error:
+            raise JobFailure(f"accuracy on {name}: {error}") from error
+        match = {
+            "limit": spec.limit,
+            "subsample_seed": spec.subsample_seed,
+            "num_fewshot": spec.num_fewshot,
+            "data_sha256": docs_sha256(docs),
+            "dtype": dtype_name(loaded.dtype),
+        }
+        assert tuple(match) == ACCURACY_MATCH_KEYS
+        plans.append(TaskPlan(name=name, split=task.split, metrics=task.metrics, match=match))
+    return plans
+
+
+def measure_accuracy(
+    context: JobContext,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    spec: AccuracySpec,
+    tasks: list[str],
+    *,
+    stage: str,
+    start: float,
+    end: float,
+    detail_prefix: str = "",
+) -> list[TaskResult]:
+    """Score `model` on each task in turn, reporting `stage` with detail '<task> i/N' within
+    [start, end] of the job; stops at the next batch when the job must stop."""
+    results = []
+    for position, name in enumerate(tasks):
+        low = stage_progress(start, end, position, len(tasks))
+        high = stage_progress(start, end, position + 1, len(tasks))
+        detail = f"{detail_prefix}{name} {position + 1}/{len(tasks)}"
+        context.report(stage, low, detail)
+
+        def report(done: int, total: int, low: float = low, high: float = high, detail: str = detail) -> None:
+            context.report(stage, stage_progress(low, high, done, total), detail)
+
+        try:
+            results.append(
+                score_task(
+                    model,
+                    tokenizer,
+                    name,
+                    limit=spec.limit,
+                    subsample_seed=spec.subsample_seed,
+                    num_fewshot=spec.num_fewshot,
+                    fewshot_seed=FEWSHOT_SEED,
+                    batch_size=spec.batch_size,
+                    progress=report,
+                    should_stop=context.should_stop,
+                )
+            )
+        except EvaluationStopped:
+            context.check_stop()
+            raise
+        except (TaskDataError, DataMissingError, ValueError) as error:
+            raise JobFailure(f"accuracy on {name}: {error}") from error
+    return results
+
+
+def accuracy_results(
+    measured: TaskResult,
+    *,
+    source: ModelSource,
+    loaded: LoadedModel,
+    method: str,
+    sparsity: float,
+    seed: int,
+    environment: dict[str, Any],
+    extra_protocol: dict[str, dict[str, Any]] | None = None,
+) -> list[Result]:
+    """One row per metric the task defines. `extra_protocol` maps a metric to protocol entries
+    for its row only (e.g. the dense result a pruned accuracy compares with)."""
+    protocol: dict[str, Any] = {
+        **measured.protocol,
+        "task": measured.task,
+        "chance": measured.chance,
+        "data_sha256": measured.data_sha256,
+        "fewshot_seed": FEWSHOT_SEED if measured.protocol.get("num_fewshot") else None,
+        "seed": seed,
+        "elapsed_s": round(measured.elapsed_s, 3),
+        **environment,
+    }
+    values = {"acc": (measured.acc, measured.acc_stderr)}
+    if measured.acc_norm is not None:
+        values["acc_norm"] = (measured.acc_norm, measured.acc_norm_stderr)
+    return [
+        Result(
+            model_id=source.model_id,
+            model_revision=loaded.revision,
+            method=method,
+            sparsity=sparsity,
+            metric=metric,
+            dataset=measured.task,
+            split=measured.split,
+            value=value,
+            stderr=stderr,
+            n=measured.n,
+            source="measured",
+            protocol={**protocol, **(extra_protocol or {}).get(metric, {})},
+        )
+        for metric, (value, stderr) in values.items()
+    ]
+
+
+def dense_accuracy(
+    context: JobContext,
+    source: ModelSource,
+    loaded: LoadedModel,
+    spec: AccuracySpec,
+    plans: list[TaskPlan],
+    environment: dict[str, Any],
+    seed: int,
+    *,
+    start: float,
+    end: float,
+) -> dict[str, DenseAccuracy]:
+    """The dense accuracy of every task: reused from the store when this model was scored so
+    before (every metric of the task found), else measured on `loaded.model` (unchanged) and
+    stored as (dense, 0) results of this job."""
+    found: dict[str, DenseAccuracy] = {}
+    for plan in plans:
+        rows = {
+            metric: find_dense_baseline(
+                context.store,
+                source.model_id,
+                loaded.revision,
+                plan.name,
+                plan.match,
+                metric=metric,
+                match_keys=ACCURACY_MATCH_KEYS,
+            )
+            for metric in plan.metrics
+        }
+        if all(row is not None for row in rows.values()):
+            reused = {metric: row for metric, row in rows.items() if row is not None}
+            found[plan.name] = DenseAccuracy(
+                reused, any(row.job_id != context.job_id for row in reused.values())
+            )
+    missing = [plan.name for plan in plans if plan.name not in found]
+    if found:
+        ids = ", ".join(str(row.id) for dense in found.values() for row in dense.results.values())
+        context.report("dense accuracy", start, f"reused results {ids}")
+    for measured in measure_accuracy(
+        context, loaded.model, loaded.tokenizer, spec, missing, stage="dense accuracy", start=start, end=end
+    ):
+        rows_measured = accuracy_results(
+            measured,
+            source=source,
+            loaded=loaded,
+            method="dense",
+            sparsity=0.0,
+            seed=seed,
+            environment=environment,
+        )
+        context.add_results(rows_measured)
+        found[measured.task] = DenseAccuracy({row.metric: row for row in rows_measured}, False)
+    return found
