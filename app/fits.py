@@ -65,7 +65,7 @@ def ppl_fit(
         )
     try:
         calibration = laws.calibrate_ppl(dense.value, [(p.sparsity, p.value) for p in usable])
-    except ValueError as error:
+    except (ValueError, OverflowError, ZeroDivisionError) as error:
         raise FitError(str(error)) from error
     strict = {"ppl0": dense.value}
     return Fit(

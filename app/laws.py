@@ -208,9 +208,14 @@ def _z(level: float) -> float:
 # ---------------------------------------------------------------------------------------------- laws
 
 
+def _exp_or_inf(exponent: float) -> float:
+    """exp() that answers inf past float range: a diverging law is a flagged value, not a crash."""
+    return math.exp(exponent) if exponent < 709.0 else math.inf
+
+
 def strict_ppl(ppl0: float, s: float) -> float:
     """PPL0 ** (1 / (1 - s)): the paper's law, exact at s = 0 and diverging as s -> 1."""
-    return math.exp(math.log(_check_ppl(ppl0, "dense perplexity PPL0")) / (1.0 - _check_sparsity(s)))
+    return _exp_or_inf(math.log(_check_ppl(ppl0, "dense perplexity PPL0")) / (1.0 - _check_sparsity(s)))
 
 
 def predict_strict_ppl(ppl0: float, s: float) -> Prediction:
@@ -295,7 +300,7 @@ class Fit:
     def _value(self, y: float) -> float:
         """Back from the linear space to the metric (accuracy unclipped)."""
         if self.metric == "ppl":
-            return math.exp(math.log(self.baseline) / y) if y > 0.0 else math.inf
+            return _exp_or_inf(math.log(self.baseline) / y) if y > 0.0 else math.inf
         return self.baseline * math.exp(y)
 
     def _jacobian(self, y: float) -> float:

@@ -128,7 +128,8 @@ class ThreadQueue:
         self.store = store
         self.settings = settings
         self._pending: stdlib_queue.Queue[str | None] = stdlib_queue.Queue()
-        self._held: set[str] = set()
+        self._waiting: set[str] = set()  # ids in _pending, not yet taken by the worker thread
+        self._running: str | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if start_worker:
@@ -137,9 +138,10 @@ class ThreadQueue:
 
     def enqueue(self, job_id: str) -> None:
         with self._lock:
-            if job_id in self._held:
+            if job_id in self._waiting:
                 return
-            self._held.add(job_id)
+            # A job re-queued while its superseded attempt still runs here queues behind it.
+            self._waiting.add(job_id)
         self._pending.put(job_id)
 
     def remove(self, job_id: str) -> None:
@@ -148,7 +150,7 @@ class ThreadQueue:
 
     def holds(self, job_id: str) -> bool:
         with self._lock:
-            return job_id in self._held
+            return job_id in self._waiting or job_id == self._running
 
     def depth(self) -> int:
         return self._pending.qsize()
@@ -169,13 +171,16 @@ class ThreadQueue:
             job_id = self._pending.get()
             if job_id is None:
                 return
+            with self._lock:
+                self._waiting.discard(job_id)
+                self._running = job_id
             try:
                 execute_job(self.store, self.settings, job_id)
             except Exception:
                 log.exception("embedded worker: job crashed outside its handler", job_id=job_id)
             finally:
                 with self._lock:
-                    self._held.discard(job_id)
+                    self._running = None
 
 
 def make_queue(settings: Settings, store: Store) -> JobQueue:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from app.config import Settings
 from app.db import Store
@@ -147,6 +147,15 @@ class JobContext:
     # -- outputs ---------------------------------------------------------------------------
     def set_environment(self, environment: dict[str, Any]) -> None:
         self._write(environment=environment)
+
+    def discard_earlier_attempts(self) -> None:
+        """Delete what earlier attempts of this job stored, so a retry does not store it twice."""
+        with self.store.session() as session:
+            if session.scalar(select(Job.id).where(self._guard()).with_for_update()) is None:
+                self._superseded = True
+                raise JobStopped("this attempt was superseded before it started")
+            for table in (Result, Artifact, Fit):
+                session.execute(delete(table).where(table.job_id == self.job_id))
 
     def add_results(self, results: Sequence[Result]) -> None:
         """Store results for this job, unless this attempt has been superseded."""

@@ -12,7 +12,7 @@ from app.config import Settings, get_settings
 from app.db import Store
 from app.logs import configure_logging
 from workers.context import JobContext, JobFailure, JobStopped
-from workers.kinds import handler_for
+from workers.kinds import RESUMING_KINDS, handler_for
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +36,8 @@ def execute_job(store: Store, settings: Settings, job_id: str) -> None:
     with structlog.contextvars.bound_contextvars(job_id=job_id), context.heartbeat():
         context.log.info("job started")
         try:
+            if context.attempt > 1 and context.kind not in RESUMING_KINDS:
+                context.discard_earlier_attempts()
             handler_for(context.kind)(context)
             context.check_stop()
         except JobStopped as stop:

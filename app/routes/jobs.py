@@ -148,6 +148,8 @@ def create_job(services: Services, job: JobCreate, idempotency_key: str | None =
             session.flush()
         except IntegrityError:
             session.rollback()
+            if idempotency_key is None:
+                raise  # not a concurrent replay: a real constraint violation
             existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
             if existing is None:
                 raise

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.config import Settings
 from app.db import Store
@@ -162,3 +162,38 @@ def test_embedded_restart_picks_up_jobs_left_queued(make_settings: Any, tiny_mod
     restarted = settings.model_copy(update={"embedded_worker": True})
     with TestClient(create_app(restarted)) as api:
         assert wait_terminal(api, job["id"], 120)["status"] == "succeeded"
+
+
+def test_a_retried_job_replaces_what_its_dead_attempt_stored(
+    make_settings: Any, clean_store: Store, tiny_model_dir: Path
+) -> None:
+    from app.tables import Result
+    from workers.tasks import execute_job
+
+    settings = make_settings(database_url=clean_store.url)
+    with clean_store.session() as session:  # attempt 1 stored a result, then its worker died
+        job = Job(
+            kind="evaluate",
+            request=evaluate_body(str(tiny_model_dir), max_windows=1),
+            model_id=str(tiny_model_dir),
+            request_hash="x",
+            attempts=1,
+        )
+        session.add(job)
+        session.flush()
+        session.add(
+            Result(
+                job_id=job.id,
+                model_id=job.model_id,
+                method="dense",
+                metric="ppl",
+                dataset="wikitext2",
+                value=123.0,
+            )
+        )
+        job_id = job.id
+    execute_job(clean_store, settings, job_id)
+    with clean_store.session() as session:
+        stored = session.scalars(select(Result).where(Result.job_id == job_id)).all()
+        assert session.get(Job, job_id).status == "succeeded"
+    assert len(stored) == 1 and stored[0].value != 123.0

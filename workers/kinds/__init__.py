@@ -16,6 +16,9 @@ HANDLER_MODULES = {
     "prune": "workers.kinds.prune",
     "sweep": "workers.kinds.sweep",
 }
+# Kinds whose handler resumes from what an earlier attempt stored; every other kind starts over,
+# and what its earlier attempts stored is discarded first.
+RESUMING_KINDS = frozenset({"sweep"})
 
 
 def handler_for(kind: str) -> Handler:
