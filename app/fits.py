@@ -86,6 +86,76 @@ def ppl_fit(
     )
 
 
+def usable_acc(value: float) -> bool:
+    """An accuracy the laws can take at all: a finite fraction in (0, 1]."""
+    return math.isfinite(value) and 0.0 < value <= 1.0
+
+
+def n_options_from(protocol: dict[str, Any]) -> int:
+    """The options per question an accuracy result was scored with, from its protocol: `n_options`
+    when recorded, else the chance level (the mean of 1/options over the docs) rounded."""
+    options = protocol.get("n_options")
+    if isinstance(options, int) and not isinstance(options, bool) and options >= 2:
+        return options
+    chance = protocol.get("chance")
+    if isinstance(chance, (int, float)) and not isinstance(chance, bool) and 0.0 < chance < 1.0:
+        return max(2, round(1.0 / chance))
+    raise FitError(f"the dense result's protocol records neither n_options nor a chance level: {protocol}")
+
+
+def accuracy_fit(
+    *,
+    model_id: str,
+    model_revision: str | None,
+    method: str,
+    metric: str,
+    task: str,
+    n_options: int,
+    protocol: dict[str, Any],
+    dense: MeasuredPoint,
+    points: Sequence[MeasuredPoint],
+    job_id: str | None = None,
+) -> Fit:
+    """Fit the calibrated accuracy laws (`laws.calibrate_acc`, chance = 1 / `n_options`) of one task
+    and metric (`acc` or `acc_norm`) to the pruned `points` anchored at `dense`, and describe the
+    outcome as a `fits` row (not yet added to a session); `dataset` is the task.
+
+    Points that are not a fraction in (0, 1], or at or below chance (censored by the law), are kept
+    in the row with `used: false`; with none left, the law falls back to its prior slope (law
+    "prior", quality n = 0). Raises FitError when the dense accuracy is not in (0, 1] or the laws
+    refuse the points.
+    """
+    if dense.sparsity != 0.0:
+        raise FitError(f"the dense point must be at sparsity 0, got {dense.sparsity}")
+    if not usable_acc(dense.value):
+        raise FitError(
+            f"dense {metric} {dense.value} on {task} is not a fraction in (0, 1]: nothing to anchor on"
+        )
+    chance = 1.0 / n_options if n_options >= 2 else 0.0
+    pruned = sorted((p for p in points if p.sparsity > 0.0), key=lambda p: p.sparsity)
+    valid = [p for p in pruned if usable_acc(p.value)]
+    try:
+        calibration = laws.calibrate_acc(dense.value, [(p.sparsity, p.value) for p in valid], n_options)
+    except (ValueError, OverflowError, ZeroDivisionError) as error:
+        raise FitError(f"{metric} on {task}: {error}") from error
+    return Fit(
+        job_id=job_id,
+        model_id=model_id,
+        model_revision=model_revision,
+        method=method,
+        metric=metric,
+        dataset=task,
+        protocol={**protocol, "n_options": n_options},
+        law=calibration.chosen.law,
+        formula=calibration.chosen.form.formula,
+        params=_clean(calibration.chosen.params),
+        baseline=dense.value,
+        points=[_point(dense, True), *(_point(p, usable_acc(p.value) and p.value > chance) for p in pruned)],
+        quality=quality_record(calibration),
+        chosen_reason="; ".join([calibration.reason, *calibration.notes]),
+    )
+
+
 def quality_record(
     calibration: laws.Calibration, *, strict_params: dict[str, float] | None = None
 ) -> dict[str, dict[str, Any]]:

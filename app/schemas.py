@@ -222,6 +222,12 @@ class SweepJobCreate(ModelSpec):
         description="How the dense and pruned models are scored; the dense baseline is reused "
         "from an earlier job when model, data and this protocol match.",
     )
+    accuracy: AccuracySpec | None = Field(
+        None,
+        description="Multiple-choice tasks to score the dense model (once, or reused from an earlier "
+        "job when model, data and this protocol match) and every pruned sparsity on; an accuracy law "
+        "is fitted and stored per task and metric besides the perplexity law.",
+    )
     save_artifacts: bool = Field(
         False,
         description="Save every sliced model under the artifact directory (`<job id>/s<sparsity>`).",

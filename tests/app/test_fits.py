@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app import laws
 from app.db import Store
-from app.fits import FitError, MeasuredPoint, ppl_fit
+from app.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from app.tables import Fit, Job
 from tests.app.test_jobs_api import assert_problem
 
@@ -155,3 +155,62 @@ def test_fits_are_documented_in_openapi(api: TestClient) -> None:
     assert any(tag["name"] == "fits" for tag in spec["tags"])
     quality = spec["components"]["schemas"]["LawQualityPublic"]["properties"]
     assert {"r2", "max_ape", "mean_ape", "loo_rel_error"} <= set(quality)
+
+
+def test_accuracy_fit_recovers_the_slope_of_synthetic_points_and_leaves_out_unusable_ones() -> None:
+    acc0, k = 0.8, 0.9
+    sparsities = [0.1, 0.2, 0.3, 0.4]
+    points = [MeasuredPoint(s, acc0 * math.exp(-k * s), 10 + i) for i, s in enumerate(sparsities)]
+    below_chance, zero = MeasuredPoint(0.7, 0.2, 20), MeasuredPoint(0.8, 0.0, 21)
+    row = accuracy_fit(
+        model_id="m",
+        model_revision="r1",
+        method="slicegpt",
+        metric="acc_norm",
+        task="arc_easy",
+        n_options=4,
+        protocol={"limit": 100},
+        dense=MeasuredPoint(0.0, acc0, 1),
+        points=[zero, below_chance, *reversed(points)],
+        job_id="job-1",
+    )
+    assert row.metric == "acc_norm" and row.dataset == "arc_easy" and row.baseline == acc0
+    assert row.protocol == {"limit": 100, "n_options": 4}
+    assert row.law == "slope" and row.params["k"] == pytest.approx(k, rel=1e-6) and row.chosen_reason
+    assert "left out 1 point(s) at or below chance" in row.chosen_reason
+    assert set(row.quality) == {"slope", "affine"}
+    assert row.quality["slope"]["n"] == 4 and row.quality["slope"]["max_ape"] == pytest.approx(0.0, abs=1e-9)
+    assert [(p["sparsity"], p["result_id"], p["used"]) for p in row.points] == [
+        (0.0, 1, True),
+        *((p.sparsity, p.result_id, True) for p in points),
+        (0.7, 20, False),
+        (0.8, 21, False),
+    ]
+    # Nothing above chance: the prior slope, rated on no point.
+    prior = accuracy_fit(
+        model_id="m",
+        model_revision=None,
+        method="slicegpt",
+        metric="acc",
+        task="arc_easy",
+        n_options=4,
+        protocol={},
+        dense=MeasuredPoint(0.0, acc0, 1),
+        points=[below_chance],
+    )
+    assert prior.law == "prior" and prior.quality["prior"]["n"] == 0
+    with pytest.raises(FitError, match="nothing to anchor on"):
+        accuracy_fit(
+            model_id="m",
+            model_revision=None,
+            method="slicegpt",
+            metric="acc",
+            task="arc_easy",
+            n_options=4,
+            protocol={},
+            dense=MeasuredPoint(0.0, 0.0, 1),
+            points=points,
+        )
+    assert n_options_from({"chance": 0.26}) == 4 and n_options_from({"n_options": 2, "chance": 0.25}) == 2
+    with pytest.raises(FitError):
+        n_options_from({})

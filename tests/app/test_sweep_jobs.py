@@ -196,3 +196,45 @@ def test_sweep_request_is_documented_in_openapi(api: TestClient) -> None:
     assert sweep["sparsities"]["maxItems"] >= MAX_SWEEP_SPARSITIES
     assert "deduplicated" in sweep["sparsities"]["description"]
     assert sweep["save_artifacts"]["default"] is False
+
+
+def test_sweep_with_accuracy_scores_every_sparsity_against_one_dense_accuracy_and_fits_it(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    body = sweep_body(
+        str(tiny_model_dir),
+        [0.1, 0.5],
+        perplexity={"seqlen": 64, "max_windows": 1},
+        accuracy={"tasks": ["arc_easy"], "limit": 4},
+    )
+    job = api.post("/v1/jobs", json=body).json()
+    done = wait_done(api, job["id"], worker)
+    assert done["stage"] == "done" and done["progress"] == 1.0
+
+    results = items(api, f"/v1/jobs/{job['id']}/results")
+    by_key = {(r["method"], r["sparsity"], r["metric"], r["dataset"]): r for r in results}
+    dense_acc = [r for r in results if r["method"] == "dense" and r["dataset"] == "arc_easy"]
+    assert sorted(r["metric"] for r in dense_acc) == ["acc", "acc_norm"]  # one dense accuracy only
+    for metric in ("acc", "acc_norm"):
+        dense = by_key[("dense", 0.0, metric, "arc_easy")]
+        for sparsity in (0.1, 0.5):
+            row = by_key[("slicegpt", sparsity, metric, "arc_easy")]
+            assert 0.0 <= row["value"] <= 1.0 and row["n"] == 4
+            assert row["protocol"]["sweep_job_id"] == job["id"]
+            assert row["protocol"]["dense_result_id"] == dense["id"]
+    assert len([r for r in results if r["metric"] in ("acc", "acc_norm")]) == 6
+
+    fits = {(f["metric"], f["dataset"]): f for f in items(api, "/v1/fits", job_id=job["id"])}
+    assert ("ppl", "wikitext2") in fits and ("acc", "arc_easy") in fits
+    assert set(fits) <= {("ppl", "wikitext2"), ("acc", "arc_easy"), ("acc_norm", "arc_easy")}
+    assert set(fits[("ppl", "wikitext2")]["quality"]) == {"alpha", "affine", "strict"}
+    acc_fit = fits[("acc", "arc_easy")]
+    dense = by_key[("dense", 0.0, "acc", "arc_easy")]
+    assert acc_fit["baseline"] == dense["value"] and acc_fit["law"] in ("slope", "affine", "prior")
+    assert acc_fit["quality"] and all("n" in q and "r2" in q for q in acc_fit["quality"].values())
+    assert acc_fit["protocol"]["limit"] == 4 and acc_fit["protocol"]["n_options"] >= 2
+    assert [(p["sparsity"], p["result_id"]) for p in acc_fit["points"]] == [
+        (0.0, dense["id"]),
+        *((s, by_key[("slicegpt", s, "acc", "arc_easy")]["id"]) for s in (0.1, 0.5)),
+    ]

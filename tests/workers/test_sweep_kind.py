@@ -51,7 +51,7 @@ def reports(monkeypatch: pytest.MonkeyPatch) -> list[Report]:
     return seen
 
 
-def submit(store: Store, model: Path, sparsities: list[float]) -> str:
+def submit(store: Store, model: Path, sparsities: list[float], **extra: Any) -> str:
     spec = SweepJobCreate.model_validate(
         {
             "kind": "sweep",
@@ -60,6 +60,7 @@ def submit(store: Store, model: Path, sparsities: list[float]) -> str:
             "sparsities": sparsities,
             "calibration": {"num_sequences": 4, "seqlen": 32, "batch_size": 2},
             "perplexity": {"seqlen": 64, "max_windows": 2},
+            **extra,
         }
     )
     with store.session() as session:
@@ -147,3 +148,30 @@ def test_a_retry_after_the_fit_was_stored_measures_nothing_and_stores_no_second_
     with store.session() as session:
         assert session.scalars(select(Result.id).order_by(Result.id)).all() == results_before
         assert len(session.scalars(select(Fit)).all()) == 1
+
+
+def test_a_sparsity_missing_a_requested_metric_is_measured_again_without_duplicating_its_rows(
+    settings: Settings, store: Store, tiny_model_dir: Path, reports: list[Report]
+) -> None:
+    job_id = submit(store, tiny_model_dir, [0.25, 0.5], accuracy={"tasks": ["arc_easy"], "limit": 4})
+    execute_job(store, settings, job_id)
+    with store.session() as session:
+        first = {(r.sparsity, r.metric, r.dataset): r.id for r in session.scalars(select(Result))}
+        # As if s = 0.5 had its perplexity but not its accuracy stored, and no fit.
+        session.execute(delete(Result).where(Result.sparsity == 0.5, Result.dataset == "arc_easy"))
+        session.execute(delete(Fit))
+        session.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.queued.value))
+    reports.clear()
+
+    execute_job(store, settings, job_id)
+    assert job_row(store, job_id).status == "succeeded"
+    details = [detail or "" for _, _, detail in reports]
+    assert "s=0.25 (1/2): measured by an earlier attempt" in details
+    assert any(d.startswith("s=0.5 (2/2): arc_easy") for d in details)
+    with store.session() as session:
+        second = {(r.sparsity, r.metric, r.dataset): r.id for r in session.scalars(select(Result))}
+        count = len(session.scalars(select(Result)).all())
+        fits = {(f.metric, f.dataset) for f in session.scalars(select(Fit))}
+    assert second.keys() == first.keys() and count == len(second)  # nothing stored twice
+    assert second[(0.5, "ppl", "wikitext2")] == first[(0.5, "ppl", "wikitext2")]
+    assert ("ppl", "wikitext2") in fits and ("acc", "arc_easy") in fits

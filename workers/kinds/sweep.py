@@ -11,29 +11,38 @@ Stages and the share of the job's progress each one covers:
                                perplexity ("s=0.2 (2/4): window 3/4")
     fitting         0.95-1.00  the calibrated PPL laws on the dense + measured points -> `fits`
 
+With `accuracy`, the dense baseline span also covers the dense accuracy (measured or reused once),
+each sparsity's last fifth scores the sliced model ("accuracy", detail "s=0.2 (2/4): arc_easy 1/2")
+and fitting also stores one calibrated accuracy law per task and metric (`acc`, `acc_norm`); a task
+and metric whose law cannot be fitted is logged and left out, the other fits are still stored.
+
 Each sparsity slices a fresh dense copy: the first one the model loaded for the baseline, the next
 ones a copy re-read from the checkpoint (`workers.loading.refresh_model`, cheaper and safer than a
 deep copy; numbers there). Each sparsity's results are stored as soon as they are measured, exactly
 the rows a `prune` job stores (protocol plus `sweep_job_id`), so a canceled sweep keeps what it
-measured (and stores no fit), and a retried attempt resumes: sparsities this job already stored
-are not measured again.
+measured (and stores no fit), and a retried attempt resumes: sparsities for which this job already
+stored every requested metric are not measured again (a sparsity's rows are stored in one go).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sqlalchemy import select
 
-from app.fits import FitError, MeasuredPoint, ppl_fit
+from app.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from app.schemas import SweepJobCreate
 from app.tables import Fit, Result
 from workers.context import JobContext, JobFailure
+from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.slicing_steps import (
+    NO_DATASET,
     Prepared,
     PrepareSpans,
     lap,
     prepare,
+    pruned_accuracy_results,
     pruned_results,
     slice_and_measure,
 )
@@ -44,6 +53,10 @@ SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 POINTS_END = 0.95
 # Calibration record keys that identify the windows every point was sliced with.
 CALIBRATION_KEYS = ("corpus", "data_sha256", "seed", "num_sequences", "seqlen")
+# Share of one sparsity's progress span that perplexity ends at when accuracy follows.
+ACCURACY_FROM = 0.8
+
+RowKey = tuple[str, str]  # (metric, dataset) of one result row of a sparsity
 
 
 def sparsity_label(sparsity: float, index: int, total: int) -> str:
@@ -53,9 +66,11 @@ def sparsity_label(sparsity: float, index: int, total: int) -> str:
 
 def run(context: JobContext) -> None:
     spec = SweepJobCreate.model_validate(context.request)
-    prepared = prepare(context, spec, SPANS)
+    prepared = prepare(context, spec, SPANS, spec.accuracy)
     pruned = spec.pruned_sparsities
-    earlier = _measured_earlier(context, spec.method)
+    required = _required_rows(prepared)
+    stored = _stored_earlier(context, spec.method)
+    earlier = {s: rows for s, rows in stored.items() if required <= rows.keys()}
     if earlier:
         context.log.info("resuming sweep", measured=sorted(earlier))
 
@@ -74,6 +89,7 @@ def run(context: JobContext) -> None:
             refresh_model(prepared.loaded)
             timings["reload_s"] = lap(point_started)
         model_is_dense = False
+        measured_end = end if spec.accuracy is None else start + ACCURACY_FROM * (end - start)
         outcome = slice_and_measure(
             context,
             prepared,
@@ -81,7 +97,7 @@ def run(context: JobContext) -> None:
             spec,
             sparsity,
             start=start,
-            end=end,
+            end=measured_end,
             artifact_folder=(
                 context.settings.artifacts_dir / context.job_id / f"s{sparsity}"  # repr: unique
                 if spec.save_artifacts
@@ -89,47 +105,88 @@ def run(context: JobContext) -> None:
             ),
             detail_prefix=prefix,
         )
+        scored = []
+        if spec.accuracy is not None:
+            lap_started = time.perf_counter()
+            scored = measure_accuracy(
+                context,
+                prepared.loaded.model,
+                prepared.loaded.tokenizer,
+                spec.accuracy,
+                [plan.name for plan in prepared.accuracy_plans],
+                stage="accuracy",
+                start=measured_end,
+                end=end,
+                detail_prefix=prefix,
+            )
+            outcome.timings["accuracy_s"] = lap(lap_started)
         timings.update(outcome.timings)
         timings["point_s"] = lap(point_started)
-        results = pruned_results(
-            prepared, spec, outcome, timings=timings, extra_protocol={"sweep_job_id": context.job_id}
-        )
-        context.add_results(results)
-        earlier[sparsity] = results[0]
+        tag = {"sweep_job_id": context.job_id}
+        results = pruned_results(prepared, spec, outcome, timings=timings, extra_protocol=tag)
+        results += pruned_accuracy_results(prepared, spec, outcome, scored, extra_protocol=tag)
+        # Rows an earlier attempt stored for this sparsity are kept, not stored twice.
+        already = stored.get(sparsity, {})
+        new = [row for row in results if (row.metric, row.dataset) not in already]
+        context.add_results(new)  # one transaction: a sparsity is stored whole or not at all
+        earlier[sparsity] = {**already, **{(row.metric, row.dataset): row for row in new}}
         context.log.info(
             "sweep point measured",
             sparsity=sparsity,
             ppl=outcome.perplexity.ppl,
+            accuracy={
+                f"{r.task}/{m}": v
+                for r in scored
+                for m, v in (("acc", r.acc), ("acc_norm", r.acc_norm))
+                if v is not None
+            },
             param_fraction_removed=outcome.report.param_fraction_removed,
             point_s=timings["point_s"],
         )
 
-    context.report("fitting", POINTS_END, "perplexity laws")
-    fit = _fit(context, spec, prepared, earlier)
-    if _has_fit(context):  # an earlier attempt stored it and died before finishing
-        context.log.info("fit stored by an earlier attempt; not stored again")
+    context.report(
+        "fitting", POINTS_END, "perplexity laws" if spec.accuracy is None else "perplexity and accuracy laws"
+    )
+    ppl_key = ("ppl", prepared.data.spec.dataset)
+    fit = _fit(context, spec, prepared, {s: rows[ppl_key] for s, rows in earlier.items()})
+    fits = [fit, *_accuracy_fits(context, spec, prepared, earlier)]
+    if _has_fit(context):  # an earlier attempt stored them and died before finishing
+        context.log.info("fits stored by an earlier attempt; not stored again")
     else:
-        context.add_fits([fit])
+        context.add_fits(fits)  # one transaction: all of them or none
     context.log.info(
         "sweep finished",
         dense_ppl=prepared.dense.value,
-        ppl={f"{s:g}": earlier[s].value for s in pruned},
+        ppl={f"{s:g}": earlier[s][ppl_key].value for s in pruned},
         law=fit.law,
         params=fit.params,
         quality={law: {k: q[k] for k in ("r2", "max_ape", "mean_ape")} for law, q in fit.quality.items()},
+        accuracy_laws={f"{f.dataset}/{f.metric}": f.law for f in fits[1:]},
     )
 
 
-def _measured_earlier(context: JobContext, method: str) -> dict[float, Result]:
-    """Pruned perplexities this job stored in an earlier attempt (a retried sweep resumes)."""
+def _required_rows(prepared: Prepared) -> set[RowKey]:
+    """The rows a sparsity of this sweep stores: ppl, param_fraction_removed, each task's metrics."""
+    return {
+        ("ppl", prepared.data.spec.dataset),
+        ("param_fraction_removed", NO_DATASET),
+        *((metric, plan.name) for plan in prepared.accuracy_plans for metric in plan.metrics),
+    }
+
+
+def _stored_earlier(context: JobContext, method: str) -> dict[float, dict[RowKey, Result]]:
+    """Pruned results this job stored in an earlier attempt, per sparsity (a retried sweep resumes
+    from the sparsities that have every row it needs)."""
     query = select(Result).where(
         Result.job_id == context.job_id,
         Result.method == method,
-        Result.metric == "ppl",
         Result.sparsity > 0.0,
     )
+    found: dict[float, dict[RowKey, Result]] = {}
     with context.store.session() as session:
-        return {row.sparsity: row for row in session.scalars(query)}
+        for row in session.scalars(query):
+            found.setdefault(row.sparsity, {})[(row.metric, row.dataset)] = row
+    return found
 
 
 def _has_fit(context: JobContext) -> bool:
@@ -137,15 +194,21 @@ def _has_fit(context: JobContext) -> bool:
         return session.scalar(select(Fit.id).where(Fit.job_id == context.job_id).limit(1)) is not None
 
 
-def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured: dict[float, Result]) -> Fit:
-    """The calibrated PPL laws on the dense baseline and every pruned point of this sweep."""
+def _slicing_protocol(spec: SweepJobCreate, prepared: Prepared, ppl_row: Result) -> dict[str, Any]:
+    """What every fit of this sweep shares: the calibration windows and how the model was sliced."""
     record = prepared.calibration_record
-    slicing = next(iter(measured.values())).protocol["slicing"]
-    protocol = {
-        **{key: prepared.data.match[key] for key in BASELINE_MATCH_KEYS},
+    return {
         "calibration": {key: record[key] for key in CALIBRATION_KEYS},
         "round_to": spec.round_to,
-        "slice_head": slicing["slice_head"],  # the family default resolved when null was asked
+        "slice_head": ppl_row.protocol["slicing"]["slice_head"],  # the family default resolved
+    }
+
+
+def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured: dict[float, Result]) -> Fit:
+    """The calibrated PPL laws on the dense baseline and every pruned point of this sweep."""
+    protocol = {
+        **{key: prepared.data.match[key] for key in BASELINE_MATCH_KEYS},
+        **_slicing_protocol(spec, prepared, next(iter(measured.values()))),
     }
     try:
         return ppl_fit(
@@ -162,3 +225,39 @@ def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured
         raise JobFailure(
             f"every sparsity was measured and stored, but no law could be fitted: {error}"
         ) from error
+
+
+def _accuracy_fits(
+    context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured: dict[float, dict[RowKey, Result]]
+) -> list[Fit]:
+    """The calibrated accuracy laws per task and metric on the dense accuracy and every pruned
+    point; a task and metric the laws cannot fit is logged and left out, the others are kept."""
+    fits: list[Fit] = []
+    ppl_key = ("ppl", prepared.data.spec.dataset)
+    shared = _slicing_protocol(spec, prepared, next(iter(measured.values()))[ppl_key])
+    for plan in prepared.accuracy_plans:
+        for metric in plan.metrics:
+            dense = prepared.dense_accuracy[plan.name].results[metric]
+            try:
+                fits.append(
+                    accuracy_fit(
+                        job_id=context.job_id,
+                        model_id=prepared.source.model_id,
+                        model_revision=prepared.loaded.revision,
+                        method=spec.method,
+                        metric=metric,
+                        task=plan.name,
+                        n_options=n_options_from(dense.protocol),
+                        protocol={**plan.match, "chance": dense.protocol.get("chance"), **shared},
+                        dense=MeasuredPoint(0.0, dense.value, dense.id),
+                        points=[
+                            MeasuredPoint(s, rows[(metric, plan.name)].value, rows[(metric, plan.name)].id)
+                            for s, rows in sorted(measured.items())
+                        ],
+                    )
+                )
+            except FitError as error:
+                context.log.warning(
+                    "no accuracy law fitted", task=plan.name, metric=metric, reason=str(error)
+                )
+    return fits
