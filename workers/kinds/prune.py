@@ -27,13 +27,13 @@ import time
 
 from app.schemas import PruneJobCreate
 from workers.context import JobContext
-from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.slicing_steps import (
     PrepareSpans,
     lap,
     prepare,
     pruned_accuracy_results,
     pruned_results,
+    score_sliced_accuracy,
     slice_and_measure,
 )
 
@@ -55,20 +55,7 @@ def run(context: JobContext) -> None:
         end=measured_end,
         artifact_folder=context.settings.artifacts_dir / context.job_id if spec.save_artifact else None,
     )
-    scored = []
-    if spec.accuracy is not None:
-        lap_started = time.perf_counter()
-        scored = measure_accuracy(
-            context,
-            prepared.loaded.model,
-            prepared.loaded.tokenizer,
-            spec.accuracy,
-            [plan.name for plan in prepared.accuracy_plans],
-            stage="accuracy",
-            start=measured_end,
-            end=1.0,
-        )
-        outcome.timings["accuracy_s"] = lap(lap_started)
+    scored = score_sliced_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}
     context.add_results(
         pruned_results(prepared, spec, outcome, timings=timings)

@@ -33,6 +33,7 @@ from workers.kinds.accuracy_steps import (
     TaskPlan,
     accuracy_results,
     dense_accuracy,
+    measure_accuracy,
     plan_tasks,
 )
 from workers.kinds.steps import (
@@ -244,6 +245,35 @@ def slice_and_measure(
     )
     timings["perplexity_s"] = lap(lap_started)
     return Measured(sparsity, report, measured, artifact_path, timings)
+
+
+def score_sliced_accuracy(
+    context: JobContext,
+    prepared: Prepared,
+    accuracy: AccuracySpec | None,
+    outcome: Measured,
+    *,
+    start: float,
+    end: float,
+    detail_prefix: str = "",
+) -> list[TaskResult]:
+    """Score the sliced model on the prepared tasks (none when the job asked for no accuracy)."""
+    if accuracy is None:
+        return []
+    started = time.perf_counter()
+    scored = measure_accuracy(
+        context,
+        prepared.loaded.model,
+        prepared.loaded.tokenizer,
+        accuracy,
+        [plan.name for plan in prepared.accuracy_plans],
+        stage="accuracy",
+        start=start,
+        end=end,
+        detail_prefix=detail_prefix,
+    )
+    outcome.timings["accuracy_s"] = lap(started)
+    return scored
 
 
 def pruned_results(

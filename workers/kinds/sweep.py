@@ -35,7 +35,6 @@ from app.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_
 from app.schemas import SweepJobCreate
 from app.tables import Fit, Result
 from workers.context import JobContext, JobFailure
-from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.slicing_steps import (
     NO_DATASET,
     Prepared,
@@ -44,6 +43,7 @@ from workers.kinds.slicing_steps import (
     prepare,
     pruned_accuracy_results,
     pruned_results,
+    score_sliced_accuracy,
     slice_and_measure,
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
@@ -105,21 +105,9 @@ def run(context: JobContext) -> None:
             ),
             detail_prefix=prefix,
         )
-        scored = []
-        if spec.accuracy is not None:
-            lap_started = time.perf_counter()
-            scored = measure_accuracy(
-                context,
-                prepared.loaded.model,
-                prepared.loaded.tokenizer,
-                spec.accuracy,
-                [plan.name for plan in prepared.accuracy_plans],
-                stage="accuracy",
-                start=measured_end,
-                end=end,
-                detail_prefix=prefix,
-            )
-            outcome.timings["accuracy_s"] = lap(lap_started)
+        scored = score_sliced_accuracy(
+            context, prepared, spec.accuracy, outcome, start=measured_end, end=end, detail_prefix=prefix
+        )
         timings.update(outcome.timings)
         timings["point_s"] = lap(point_started)
         tag = {"sweep_job_id": context.job_id}
