@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from app.deps import SessionDep
+from app.pagination import newest_first
 from app.problems import Problem, ProblemError
 from app.tables import Fit
 
@@ -115,7 +116,7 @@ def list_fits(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> FitList:
     """Fitted laws, newest first, with filters and cursor pagination."""
-    query = select(Fit).order_by(Fit.id.desc()).limit(limit + 1)
+    query = select(Fit)
     filters = {
         Fit.model_id: model,
         Fit.method: method,
@@ -126,11 +127,7 @@ def list_fits(
     for column, wanted in filters.items():
         if wanted is not None:
             query = query.where(column == wanted)
-    if cursor is not None:
-        query = query.where(Fit.id < cursor)
-    rows = session.scalars(query).all()
-    page = rows[:limit]
-    next_cursor = str(page[-1].id) if len(rows) > limit else None
+    page, next_cursor = newest_first(session, query, Fit.id, cursor, limit)
     return FitList(items=[fit_public(row) for row in page], next_cursor=next_cursor)
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from app.deps import Services, ServicesDep, SessionDep
 from app.lm_eval_export import lm_eval_export
 from app.model_sources import ModelSource, ModelSourceError, resolve_model
+from app.pagination import newest_first
 from app.problems import Problem, ProblemError
 from app.queueing import QueueUnavailable
 from app.routes.results import result_public
@@ -219,18 +220,14 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobList:
     """Jobs, newest first, with filters and cursor pagination."""
-    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    query = select(Job)
     if status is not None:
         query = query.where(Job.status == status.value)
     if kind is not None:
         query = query.where(Job.kind == kind)
     if model is not None:
         query = query.where(Job.model_id == model)
-    if cursor is not None:
-        query = query.where(Job.id < cursor)
-    rows = session.scalars(query).all()
-    page = rows[:limit]
-    next_cursor = page[-1].id if len(rows) > limit else None
+    page, next_cursor = newest_first(session, query, Job.id, cursor, limit)
     return JobList(items=[job_public(job) for job in page], next_cursor=next_cursor)
 
 

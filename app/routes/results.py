@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from app.deps import SessionDep
+from app.pagination import newest_first
 from app.problems import ProblemError
 from app.schemas import ResultList, ResultPublic
 from app.tables import Result
@@ -54,7 +55,7 @@ def list_results(
     """Results, newest first, with filters and cursor pagination."""
     if sparsity_min is not None and sparsity_max is not None and sparsity_min > sparsity_max:
         raise ProblemError(422, "sparsity_min must not exceed sparsity_max", slug="validation-error")
-    query = select(Result).order_by(Result.id.desc()).limit(limit + 1)
+    query = select(Result)
     filters = {
         Result.model_id: model,
         Result.method: method,
@@ -69,9 +70,5 @@ def list_results(
         query = query.where(Result.sparsity >= sparsity_min)
     if sparsity_max is not None:
         query = query.where(Result.sparsity <= sparsity_max)
-    if cursor is not None:
-        query = query.where(Result.id < cursor)
-    rows = session.scalars(query).all()
-    page = rows[:limit]
-    next_cursor = str(page[-1].id) if len(rows) > limit else None
+    page, next_cursor = newest_first(session, query, Result.id, cursor, limit)
     return ResultList(items=[result_public(row) for row in page], next_cursor=next_cursor)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from tests.tiny_models import build_tiny_causal_lm
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +41,6 @@ def worker_settings(tmp_path: Path, shared_data_dir: Path) -> Callable[..., Sett
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama with a byte tokenizer, built once per test session."""
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny") / "llama", "llama", seed=0)
+def tiny_llama_dir(tiny_model_dir: Path) -> Path:
+    """The session's tiny random Llama (tests/conftest.py builds it once for every test)."""
+    return tiny_model_dir
