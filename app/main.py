@@ -19,7 +19,7 @@ from app.migrate import pending_migrations
 from app.problems import install_problem_handlers, problem_response
 from app.queueing import make_queue
 from app.reconciler import Reconciler
-from app.routes import fits, health, jobs, models, predictions, reports, results
+from app.routes import fits, health, jobs, models, predictions, probes, reports, results
 
 log = structlog.get_logger(__name__)
 
@@ -29,7 +29,10 @@ DESCRIPTION = """
 1. `POST /v1/jobs` with a job (`kind: evaluate` measures WikiText-2 perplexity of a model;
    `kind: prune` with `method: slicegpt` slices it at a `sparsity` and measures it against the
    dense baseline; `kind: sweep` does so at a list of `sparsities` and fits the prediction laws
-   to the points); you get `202` and a `Location`.
+   to the points; `kind: probe` measures where a pruned model deviates from its dense model, layer
+   by layer, with Taylor estimates, and how its generations diverge); you get `202` and a `Location`.
+   Besides `slicegpt`, `prune` takes `magnitude`, `wanda`, `sparsegpt` (unstructured, 2:4, 4:8),
+   `attention-drop`, `mlp-drop` and `shortgpt`.
 2. `GET /v1/jobs/{id}/wait?timeout=60` blocks until the job ends (or the timeout);
    `GET /v1/jobs/{id}` shows its stage and progress at any time; `DELETE` cancels it.
 3. `GET /v1/results?model=...&metric=ppl` returns every measured number with its protocol;
@@ -38,13 +41,22 @@ DESCRIPTION = """
    the dense baseline and the measured points, with a band and the law used;
    `GET /v1/models/{model}/curves` draws them (JSON, SVG, PNG); `GET /v1/jobs/{id}/report` is a
    job's page for people.
+5. `GET /v1/jobs/{id}/probes` lists a probe job's points with how well the Taylor estimates track
+   them; `GET /v1/jobs/{id}/probes/plot.svg?view=layers|heatmap|generation` draws them.
 
 Errors are RFC 9457 `application/problem+json`. When the server has API tokens configured,
 send `Authorization: Bearer <token>` (the *Authorize* button above).
 """
 
 TAGS = [
-    {"name": "jobs", "description": "Submit, follow, cancel and wait for jobs (evaluate, prune, sweep)."},
+    {
+        "name": "jobs",
+        "description": "Submit, follow, cancel and wait for jobs (evaluate, prune, sweep, probe).",
+    },
+    {
+        "name": "probes",
+        "description": "Deviation probes of a pruned model against its dense model: points, summary, plots.",
+    },
     {"name": "results", "description": "Measured numbers, with the protocol that produced them."},
     {
         "name": "fits",
@@ -142,6 +154,7 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(results.router, dependencies=protected)
     app.include_router(fits.router, dependencies=protected)
+    app.include_router(probes.router, dependencies=protected)
     app.include_router(reports.router, dependencies=protected)
     app.include_router(predictions.router, dependencies=protected)
     app.include_router(models.router, dependencies=protected)

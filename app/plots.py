@@ -27,7 +27,7 @@ CALIBRATED_COLOR = "#1f5fa8"
 _configured = False
 
 
-def _matplotlib() -> Any:
+def load_matplotlib() -> Any:
     """Import matplotlib on first use, configured for a headless server."""
     global _configured
     import matplotlib
@@ -73,7 +73,7 @@ def _limits(curve: CurvePublic) -> tuple[float, float]:
 
 def figure(curve: CurvePublic) -> Figure:
     """The curve drawn on a new Agg figure."""
-    _matplotlib()
+    load_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

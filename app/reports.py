@@ -1,4 +1,4 @@
-"""A job's report as one HTML page: summary, results, curves (inline SVG) and, later, probes.
+"""A job's report as one HTML page: summary, results, curves and probes (inline SVG).
 
 Plain HTML with inline CSS, no script: it opens in any browser, prints, and can be saved as one
 file. Every value from the store or the request is escaped; the SVGs come from matplotlib, whose
@@ -14,7 +14,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from app.schemas import JobPublic, ResultPublic
+from app.schemas import JobPublic, ProbeSummary, ResultPublic
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
@@ -67,6 +67,37 @@ class CurveSection:
     heading: str
     svg: str | None
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbePlot:
+    """One probe plot of the report: its heading, and the inline SVG or why there is none."""
+
+    heading: str
+    svg: str | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    """The job's probe points: how well the estimates track them, and the plots."""
+
+    summary: list[ProbeSummary]
+    plots: list[ProbePlot]
+    points: int
+
+
+PROBE_COLUMNS = (
+    "probe",
+    "sublayer",
+    "space",
+    "metric",
+    "n",
+    "Pearson r (estimate vs value)",
+    "mean value",
+    "mean estimate",
+    "mean rel. error",
+)
 
 
 def _e(value: Any) -> str:
@@ -149,14 +180,52 @@ def _curves(curves: list[CurveSection]) -> str:
     return f'<section id="curves"><h2>Curves</h2>{body}</section>'
 
 
-def _probes() -> str:
-    return (
-        '<section id="probes"><h2>Probes</h2><p class="note">No probes exist for this job: deviation '
-        "probing (where pruning bends the model, layer by layer) is not available yet.</p></section>"
+def _probes(section: ProbeSection | None) -> str:
+    if section is None or not section.points:
+        body = (
+            '<p class="note">No probes stored for this job. A `probe` job measures where pruning bends '
+            "the model, layer by layer and step by step (science.md §3).</p>"
+        )
+        return f'<section id="probes"><h2>Probes</h2>{body}</section>'
+    intro = (
+        f'<p class="note">{section.points} probe points; all of them at '
+        f"<code>GET /v1/jobs/&lt;id&gt;/probes</code>.</p>"
     )
+    if section.summary:
+        head = "".join(f"<th>{_e(name)}</th>" for name in PROBE_COLUMNS)
+        rows = "".join(
+            "<tr>"
+            f"<td>{_e(s.probe)}</td><td>{_e(s.sublayer or '-')}</td><td>{_e(s.space)}</td>"
+            f'<td>{_e(s.metric)}</td><td class="num">{s.n}</td>'
+            f'<td class="num">{_e(_number(s.correlation))}</td>'
+            f'<td class="num">{_e(_number(s.mean_value))}</td>'
+            f'<td class="num">{_e(_number(s.mean_estimate))}</td>'
+            f'<td class="num">{_e(_number(s.mean_relative_error))}</td>'
+            "</tr>"
+            for s in section.summary
+        )
+        table = (
+            "<h3>Taylor estimates against measured values</h3>"
+            f'<table id="probe-summary"><tr>{head}</tr>{rows}</table>'
+        )
+    else:
+        table = '<p class="note">No point has a Taylor estimate.</p>'
+    plots = "".join(
+        f'<div class="curve"><h3>{_e(p.heading)}</h3>'
+        + (p.svg or "")
+        + "".join(f'<p class="note">{_e(note)}</p>' for note in p.notes)
+        + "</div>"
+        for p in section.plots
+    )
+    return f'<section id="probes"><h2>Probes</h2>{intro}{table}{plots}</section>'
 
 
-def render_report(job: JobPublic, results: list[ResultPublic], curves: list[CurveSection]) -> str:
+def render_report(
+    job: JobPublic,
+    results: list[ResultPublic],
+    curves: list[CurveSection],
+    probes: ProbeSection | None = None,
+) -> str:
     """The whole page."""
     title = f"prunecast report: {job.kind} {job.model}"
     return (
@@ -167,6 +236,6 @@ def render_report(job: JobPublic, results: list[ResultPublic], curves: list[Curv
         f"<h1>{_e(job.kind)} job on {_e(job.model)}</h1>"
         f'<p class="sub">job {_e(job.id)} - <span class="status status-{_e(job.status)}">'
         f"{_e(job.status)}</span></p>"
-        f"{_summary(job)}{_results(results)}{_curves(curves)}{_probes()}"
+        f"{_summary(job)}{_results(results)}{_curves(curves)}{_probes(probes)}"
         "</body></html>\n"
     )

@@ -148,24 +148,84 @@ class CalibrationSpec(StrictModel):
         return self
 
 
+PruneMethod = Literal["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
+PRUNE_METHODS: tuple[str, ...] = get_args(PruneMethod)
+INTRA_LAYER_METHODS: tuple[str, ...] = ("magnitude", "wanda", "sparsegpt")
+"""Methods that zero a fraction of the weights of every pruned linear (N:M patterns apply)."""
+DROP_METHODS: tuple[str, ...] = ("attention-drop", "mlp-drop", "shortgpt")
+"""Methods that remove whole branches or blocks: n = round(sparsity * L) of the L layers."""
+
+SparsityPattern = Literal["unstructured", "2:4", "4:8"]
+NM_SPARSITY = 0.5
+"""The only sparsity an N:M pattern (2:4, 4:8) gives: N of every M consecutive weights are zeroed."""
+
+METHOD_DESCRIPTION = (
+    "How the model is pruned (science.md §1, §3). "
+    "`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024). "
+    "`magnitude`: zero the weights of smallest |W| in each linear. "
+    "`wanda`: zero the weights of smallest |W| * ||X|| (input activation norm from the calibration "
+    "data), compared within each output row. "
+    "`sparsegpt`: OBS-style pruning with the layer's Hessian X X^T, updating the kept weights; "
+    "blocks of 128 columns, 1% damping. "
+    "`attention-drop` / `mlp-drop`: remove the attention / MLP branches that change the residual "
+    "stream least (highest cosine between the branch's input and output residual on the calibration "
+    "data). "
+    "`shortgpt`: remove whole blocks of lowest Block Influence BI = 1 - mean cos(h_in, h_out)."
+)
+SPARSITY_DESCRIPTION = (
+    "Fraction removed; what it counts depends on `method`. `slicegpt`: the fraction of the residual "
+    "width D removed (d = floor((1 - sparsity) * D), rounded down to `round_to`), not of parameters; "
+    "the real parameter fraction is reported as the `param_fraction_removed` result. `magnitude`, "
+    "`wanda`, `sparsegpt`: the fraction of the weights of each pruned linear set to zero (0.5 with an "
+    "N:M `pattern`). `attention-drop`, `mlp-drop`, `shortgpt`: the fraction of the L layers removed, "
+    "n = round(sparsity * L) attention branches, MLP branches or blocks."
+)
+PATTERN_DESCRIPTION = (
+    "Where the zeros may fall (`magnitude`, `wanda`, `sparsegpt` only). `unstructured`: anywhere in "
+    "the comparison group. `2:4` / `4:8`: N of every M consecutive input weights of a row (hardware "
+    "sparse kernels); the sparsity is then N/M = 0.5."
+)
+ROUND_TO_DESCRIPTION = (
+    "`slicegpt` only (ignored by the other methods): round the kept width d down to a multiple of this."
+)
+SLICE_HEAD_DESCRIPTION = (
+    "`slicegpt` only (refused for the other methods): also slice the LM head's input. null: the "
+    "family's default (no, except GPT-2, whose forward needs it)."
+)
+
+
+def check_pruning(method: str, sparsity: float, pattern: str, slice_head: bool | None = None) -> None:
+    """The rules every pruning request follows, whatever job kind carries it (ValueError: why not)."""
+    if pattern != "unstructured":
+        if method not in INTRA_LAYER_METHODS:
+            raise ValueError(
+                f"pattern {pattern!r} only applies to {', '.join(INTRA_LAYER_METHODS)} (got method "
+                f"{method!r}); leave pattern at 'unstructured'"
+            )
+        if sparsity != NM_SPARSITY:
+            raise ValueError(
+                f"pattern {pattern!r} zeroes {pattern.split(':')[0]} of every {pattern.split(':')[1]} "
+                f"weights, so its sparsity is fixed at {NM_SPARSITY}; set sparsity to {NM_SPARSITY} "
+                f"(got {sparsity:g}) or use pattern 'unstructured'"
+            )
+    if slice_head is not None and method != "slicegpt":
+        raise ValueError(f"slice_head is a slicegpt option; leave it null for method {method!r}")
+
+
 class PruneJobCreate(ModelSpec):
     """Prune a model, then measure it: the dense baseline (measured once per model and protocol,
     then reused), the pruned perplexity and the real fraction of parameters removed."""
 
     kind: Literal["prune"]
-    method: Literal["slicegpt"] = Field(
-        description="`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)."
+    method: PruneMethod = Field(description=METHOD_DESCRIPTION)
+    sparsity: float = Field(ge=0.0, lt=1.0, description=SPARSITY_DESCRIPTION, examples=[0.25])
+    pattern: SparsityPattern = Field("unstructured", description=PATTERN_DESCRIPTION)
+    round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec,
+        description="Calibration text: SliceGPT's PCAs, Wanda's activation norms, SparseGPT's Hessians, "
+        "the drop methods' cosines and Block Influence. Unused by `magnitude`.",
     )
-    sparsity: float = Field(
-        ge=0.0,
-        lt=1.0,
-        description="Fraction removed. For `slicegpt` the fraction of the residual width D removed "
-        "(d = floor((1 - sparsity) * D), rounded down to `round_to`), not of parameters; the real "
-        "parameter fraction is reported as the `param_fraction_removed` result.",
-        examples=[0.25],
-    )
-    round_to: int = Field(8, ge=1, le=128, description="Round the kept width d down to a multiple of this.")
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     perplexity: PerplexitySpec = Field(
         default_factory=PerplexitySpec,
         description="How the dense and pruned models are scored; the dense baseline is reused "
@@ -179,11 +239,12 @@ class PruneJobCreate(ModelSpec):
     save_artifact: bool = Field(
         True, description="Save the pruned model under the artifact directory (see `/artifacts`)."
     )
-    slice_head: bool | None = Field(
-        None,
-        description="Also slice the LM head's input. null: the family's default (no, except GPT-2, "
-        "whose forward needs it).",
-    )
+    slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _consistent_pruning(self) -> PruneJobCreate:
+        check_pruning(self.method, self.sparsity, self.pattern, self.slice_head)
+        return self
 
 
 # Most sparsities one sweep may measure: each costs a slicing and an evaluation.
@@ -202,7 +263,8 @@ class SweepJobCreate(ModelSpec):
 
     kind: Literal["sweep"]
     method: Literal["slicegpt"] = Field(
-        description="`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)."
+        description="`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024). "
+        "Sweeps slice only; prune other methods with `prune` jobs."
     )
     sparsities: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
         min_length=1,
@@ -257,8 +319,170 @@ class SweepJobCreate(ModelSpec):
         return [s for s in self.sparsities if s > 0.0]
 
 
-JobCreate = Annotated[EvaluateJobCreate | PruneJobCreate | SweepJobCreate, Field(discriminator="kind")]
-JOB_KINDS = ("evaluate", "prune", "sweep")
+# ------------------------------------------------------------------------------------------ probes
+# Deviation probing (science.md §3): a `probe` job stores points in `probe_points`, one row per
+# (probe, layer, sublayer, space, step, metric) with the measured value and, where one exists, the
+# Taylor estimate; GET /v1/jobs/{id}/probes lists them.
+
+ProbeKind = Literal["counterfactual", "model", "generation-greedy", "generation-sampled", "mc-subspace"]
+PROBE_KINDS: tuple[str, ...] = get_args(ProbeKind)
+ProbeSublayer = Literal["attention", "mlp", "block"]
+PROBE_SUBLAYERS: tuple[str, ...] = get_args(ProbeSublayer)
+PROBE_SPACES: tuple[str, ...] = ("embedding", "logits", "probs")
+MAX_PROBE_PROMPTS = 64
+
+PROBE_KIND_DESCRIPTION = (
+    "What kind of probe measured the point. `counterfactual`: the dense model runs, and at layer l "
+    "only that sublayer is replaced by its pruned version on the dense input (the shift at that "
+    "layer, with its Taylor estimate). `model`: the whole pruned model against the dense one, at "
+    "its output (final hidden state, logits, probabilities). `generation-greedy` / "
+    "`generation-sampled`: dense and pruned models generate from the same prompt (greedy, or "
+    "sampled at `temperature` with the generation seed); per `step`, the divergence per space and "
+    "the token metrics `agree` / `prefix_agree` (space `tokens`); points with a `layer` are "
+    "per-layer hidden states, points without one are the model's output. `mc-subspace`: on "
+    "multiple-choice prompts, p restricted to the option tokens versus the full vocabulary."
+)
+PROBE_SPACE_DESCRIPTION = (
+    "`embedding`: the hidden state h after the (sub)layer; `logits`: z = W_head(norm_final(h)); "
+    "`probs`: p = softmax(z / temperature); `options`: p restricted to the options' tokens "
+    "(`mc-subspace`); `tokens`: generated-token metrics."
+)
+PROBE_METRIC_DESCRIPTION = (
+    "`1-cos`: angular deviation 1 - cos(x, x + dx); `dpar` / `dperp`: ||dx|| parallel / orthogonal to x, "
+    "over ||x||; `kl`: KL(p_dense || p_pruned), summed over the vocabulary; `agree` / `prefix_agree`: "
+    "generated tokens equal at this step / at every step so far; `argmax_agree`: same top option."
+)
+
+
+class ProbePromptSpec(StrictModel):
+    """One prompt to probe on; with `options` it is a multiple-choice question."""
+
+    text: str = Field(min_length=1, max_length=4000, description="The prompt.")
+    options: list[Annotated[str, Field(min_length=1, max_length=32)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=10,
+        description="Answer options (e.g. ['A', 'B', 'C', 'D']): marks the prompt multiple choice; the "
+        "`mc-subspace` probe restricts p to their first tokens. null: an open prompt.",
+        examples=[["A", "B", "C", "D"]],
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _distinct_options(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("options lists the same option twice")
+        return value
+
+
+class ProbeGenerationSpec(StrictModel):
+    """Generation divergence: dense and pruned models continue the same prompts, greedily and sampled."""
+
+    max_new_tokens: int = Field(32, ge=1, le=256, description="Tokens generated per prompt and run.")
+    seed: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="Seed of the sampled run; null uses the job's `seed`."
+    )
+
+
+def _all_sublayers() -> list[ProbeSublayer]:
+    return ["attention", "mlp", "block"]
+
+
+class ProbeJobCreate(ModelSpec):
+    """Deviation probing of a pruned model against its dense model (science.md §3): per layer and
+    space (embedding, logits, probabilities) the measured shift beside its Taylor estimate, the
+    divergence of generations, and multiple-choice agreement in the options' subspace.
+
+    The pruned model is either pruned inside the job (`method`, `sparsity`, and `pattern`,
+    `calibration`, `round_to` as in a `prune` job) or read from the artifact of a succeeded `prune`
+    job of the same model (`artifact_job_id`): give exactly one of the two.
+    """
+
+    kind: Literal["probe"]
+    method: PruneMethod | None = Field(
+        None, description="Prune inside the job with this method (with `sparsity`). " + METHOD_DESCRIPTION
+    )
+    sparsity: float | None = Field(None, ge=0.0, lt=1.0, description=SPARSITY_DESCRIPTION, examples=[0.5])
+    pattern: SparsityPattern = Field("unstructured", description=PATTERN_DESCRIPTION)
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec, description="Calibration text of the pruning (with `method`)."
+    )
+    round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
+    artifact_job_id: str | None = Field(
+        None,
+        pattern=r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$",
+        description="Probe the model a succeeded `prune` job of the same `model` saved (its artifact), "
+        "instead of pruning in this job.",
+    )
+    prompts: list[ProbePromptSpec] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROBE_PROMPTS,
+        description=f"At most {MAX_PROBE_PROMPTS} prompts; null: the built-in set (multiple-choice, "
+        "arithmetic and open-generation prompts).",
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, le=100.0, allow_inf_nan=False, description="T of p = softmax(z / T) and of sampling."
+    )
+    sublayers: list[ProbeSublayer] = Field(
+        default_factory=_all_sublayers,
+        min_length=1,
+        max_length=len(PROBE_SUBLAYERS),
+        description="Sublayers replaced one at a time by the local counterfactual probe.",
+    )
+    generation: ProbeGenerationSpec | None = Field(
+        default_factory=ProbeGenerationSpec,
+        description="Generation divergence; on (with its defaults) when omitted, null to skip it.",
+    )
+
+    @field_validator("sublayers")
+    @classmethod
+    def _distinct_sublayers(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("sublayers lists the same sublayer twice")
+        return value
+
+    @model_validator(mode="after")
+    def _one_pruned_model(self) -> ProbeJobCreate:
+        if (self.method is None) == (self.artifact_job_id is None):
+            given = "both" if self.method is not None else "neither"
+            raise ValueError(
+                f"a probe job probes one pruned model: give either `method` (with `sparsity`) to prune "
+                f"in the job, or `artifact_job_id` of a succeeded prune job (got {given})"
+            )
+        if self.method is not None:
+            if self.sparsity is None:
+                raise ValueError(f"`sparsity` is required with `method` ({self.method!r})")
+            check_pruning(self.method, self.sparsity, self.pattern)
+        else:
+            # Compared with the defaults, not with the fields set: the stored request (model_dump, which
+            # the worker validates again) carries every field.
+            defaults = {
+                "sparsity": None,
+                "pattern": "unstructured",
+                "calibration": CalibrationSpec(),
+                "round_to": 8,
+            }
+            pruning_fields = [name for name, default in defaults.items() if getattr(self, name) != default]
+            if pruning_fields:
+                raise ValueError(
+                    f"{', '.join(pruning_fields)} describe pruning inside the job; with "
+                    "`artifact_job_id` the prune job that saved the artifact already did it"
+                )
+        return self
+
+    @property
+    def sampling_seed(self) -> int:
+        """The seed of the sampled generation run."""
+        if self.generation is not None and self.generation.seed is not None:
+            return self.generation.seed
+        return self.seed
+
+
+JobCreate = Annotated[
+    EvaluateJobCreate | PruneJobCreate | SweepJobCreate | ProbeJobCreate, Field(discriminator="kind")
+]
+JOB_KINDS = ("evaluate", "prune", "sweep", "probe")
 
 
 class JobLinks(BaseModel):
@@ -266,6 +490,7 @@ class JobLinks(BaseModel):
     wait: str
     results: str
     artifacts: str
+    probes: str
 
 
 class JobPublic(BaseModel):
@@ -358,6 +583,49 @@ class ArtifactList(BaseModel):
     items: list[ArtifactPublic]
 
 
+class ProbePointPublic(BaseModel):
+    """One probe measurement: the measured deviation and, where one exists, its Taylor estimate."""
+
+    id: int
+    job_id: str
+    probe: str = Field(description=PROBE_KIND_DESCRIPTION)
+    layer: int | None = Field(description="Block index from 0; null: the model's output.")
+    sublayer: str | None = Field(description="`attention`, `mlp` or `block`; null where it does not apply.")
+    space: str = Field(description=PROBE_SPACE_DESCRIPTION)
+    step: int | None = Field(description="Generation step from 0; null outside generation probes.")
+    metric: str = Field(description=PROBE_METRIC_DESCRIPTION)
+    value: float = Field(description="Measured (ground truth).")
+    estimate: float | None = Field(description="Taylor estimate of `value` (science.md §3); null: none.")
+
+
+class ProbeSummary(BaseModel):
+    """How well the Taylor estimates track the measured values, for one probe, sublayer, space and
+    metric, over every matching point that has an estimate (all layers, not just one page)."""
+
+    probe: str
+    sublayer: str | None
+    space: str
+    metric: str
+    n: int = Field(description="Points with an estimate.")
+    correlation: float | None = Field(
+        description="Pearson correlation of estimate and value across the points; null with fewer than "
+        "3 points or when either does not vary."
+    )
+    mean_value: float
+    mean_estimate: float
+    mean_relative_error: float | None = Field(
+        description="Mean of |estimate - value| / |value| over the points with value != 0."
+    )
+
+
+class ProbePointList(BaseModel):
+    items: list[ProbePointPublic] = Field(description="One page, in the order the job stored them.")
+    next_cursor: str | None = Field(None, description="Pass as `cursor` to get the next page.")
+    summary: list[ProbeSummary] = Field(
+        description="Estimate against value per (probe, sublayer, space, metric), over all matching points."
+    )
+
+
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, str] = Field(default_factory=dict)
@@ -368,7 +636,6 @@ class Health(BaseModel):
 # `metric` (`acc`, `acc_norm`) with the task name as the result's `dataset`.
 
 PredictMetric = Literal["ppl", "acc", "acc_norm"]
-PruneMethod = Literal["slicegpt", "wanda", "sparsegpt", "magnitude", "layerdrop", "shortgpt"]
 MAX_PREDICTION_SPARSITIES = 100
 
 Sparsity = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]

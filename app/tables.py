@@ -131,15 +131,21 @@ class Result(Base):
 
 
 class ProbePoint(Base):
+    """One deviation-probe measurement (science.md §3): the measured value of `metric` in `space`
+    at a layer / sublayer / generation step, and its Taylor estimate where one exists."""
+
     __tablename__ = "probe_points"
+    __table_args__ = (Index("ix_probe_points_job_id_probe", "job_id", "probe"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # counterfactual | model | generation-greedy | generation-sampled | mc-subspace (schemas.PROBE_KINDS)
+    probe: Mapped[str] = mapped_column(String(32))
     layer: Mapped[int | None] = mapped_column(Integer, default=None)
-    sublayer: Mapped[str | None] = mapped_column(String(16), default=None)
-    space: Mapped[str] = mapped_column(String(16))
-    step: Mapped[int | None] = mapped_column(Integer, default=None)
-    metric: Mapped[str] = mapped_column(String(32))
+    sublayer: Mapped[str | None] = mapped_column(String(16), default=None)  # attention | mlp | block
+    space: Mapped[str] = mapped_column(String(16))  # embedding | logits | probs | tokens
+    step: Mapped[int | None] = mapped_column(Integer, default=None)  # generation step
+    metric: Mapped[str] = mapped_column(String(32))  # 1-cos | kl | agree | prefix_agree ...
     value: Mapped[float] = mapped_column(Float)
     estimate: Mapped[float | None] = mapped_column(Float, default=None)
 

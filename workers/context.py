@@ -20,7 +20,7 @@ from sqlalchemy import delete, select, update
 
 from app.config import Settings
 from app.db import Store
-from app.tables import Artifact, Fit, Job, JobStatus, Result, utcnow
+from app.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result, utcnow
 
 log = structlog.get_logger(__name__)
 
@@ -154,7 +154,7 @@ class JobContext:
             if session.scalar(select(Job.id).where(self._guard()).with_for_update()) is None:
                 self._superseded = True
                 raise JobStopped("this attempt was superseded before it started")
-            for table in (Result, Artifact, Fit):
+            for table in (Result, Artifact, Fit, ProbePoint):
                 session.execute(delete(table).where(table.job_id == self.job_id))
 
     def add_results(self, results: Sequence[Result]) -> None:
@@ -169,7 +169,11 @@ class JobContext:
         """Record laws fitted to this job's points, unless this attempt was superseded."""
         self._add_rows(fits, "fits")
 
-    def _add_rows(self, rows: Sequence[Result | Artifact | Fit], what: str) -> None:
+    def add_probe_points(self, points: Sequence[ProbePoint]) -> None:
+        """Record a probe's measurements, unless this attempt was superseded."""
+        self._add_rows(points, "probe points")
+
+    def _add_rows(self, rows: Sequence[Result | Artifact | Fit | ProbePoint], what: str) -> None:
         with self.store.session() as session:
             owner = session.scalar(select(Job.id).where(self._guard()).with_for_update())
             if owner is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import fcntl
 import gc
 import hashlib
@@ -126,6 +127,16 @@ def refresh_model(loaded: LoadedModel) -> None:
     as_module: torch.nn.Module = model
     as_module.to(loaded.device)
     loaded.model = model
+
+
+def load_copy(loaded: LoadedModel) -> LoadedModel:
+    """An independent copy of `loaded`'s model, read again from its folder (same device, dtype and
+    tokenizer): for jobs that need the dense model and a pruned one side by side."""
+    model = _load_causal_lm(loaded.path, loaded.model_id, loaded.dtype)
+    model.eval()
+    as_module: torch.nn.Module = model
+    as_module.to(loaded.device)
+    return dataclasses.replace(loaded, model=model)
 
 
 def conversion_key(gguf_path: Path) -> str:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from app.deps import SessionDep
-from app.pagination import newest_first
+from app.pagination import keyset_page
 from app.problems import Problem, ProblemError
 from app.tables import Fit
 
@@ -127,7 +127,7 @@ def list_fits(
     for column, wanted in filters.items():
         if wanted is not None:
             query = query.where(column == wanted)
-    page, next_cursor = newest_first(session, query, Fit.id, cursor, limit)
+    page, next_cursor = keyset_page(session, query, Fit.id, cursor, limit, newest_first=True)
     return FitList(items=[fit_public(row) for row in page], next_cursor=next_cursor)
 
 

@@ -18,11 +18,13 @@ from sqlalchemy.orm import Session
 from app.deps import Services, ServicesDep, SessionDep
 from app.lm_eval_export import lm_eval_export
 from app.model_sources import ModelSource, ModelSourceError, resolve_model
-from app.pagination import newest_first
+from app.pagination import keyset_page
 from app.problems import Problem, ProblemError
+from app.pruning import causal_lm_refusal, drop_refusal
 from app.queueing import QueueUnavailable
 from app.routes.results import result_public
 from app.schemas import (
+    DROP_METHODS,
     ArtifactList,
     ArtifactPublic,
     JobCreate,
@@ -30,6 +32,7 @@ from app.schemas import (
     JobList,
     JobPublic,
     LmEvalExport,
+    ProbeJobCreate,
     PruneJobCreate,
     ResultList,
     SweepJobCreate,
@@ -44,6 +47,10 @@ log = structlog.get_logger(__name__)
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No such job"},
     422: {"model": Problem, "description": "Invalid request"},
+}
+SUBMIT_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    **PROBLEMS,
+    409: {"model": Problem, "description": "`artifact_job_id` names a job without a usable artifact"},
 }
 
 
@@ -68,7 +75,11 @@ def job_public(job: Job) -> JobPublic:
         heartbeat_at=job.heartbeat_at,
         environment=job.environment,
         links=JobLinks(
-            self=base, wait=f"{base}/wait", results=f"{base}/results", artifacts=f"{base}/artifacts"
+            self=base,
+            wait=f"{base}/wait",
+            results=f"{base}/results",
+            artifacts=f"{base}/artifacts",
+            probes=f"{base}/probes",
         ),
     )
 
@@ -88,7 +99,10 @@ def _request_hash(body: dict[str, Any]) -> str:
     "",
     status_code=202,
     response_model=JobPublic,
-    responses={**PROBLEMS, 200: {"model": JobPublic, "description": "Replay of an idempotent submission"}},
+    responses={
+        **SUBMIT_PROBLEMS,
+        200: {"model": JobPublic, "description": "Replay of an idempotent submission"},
+    },
 )
 def submit_job(
     services: ServicesDep,
@@ -105,7 +119,9 @@ def submit_job(
     """Submit a job. It is stored, then queued; poll it, or block on `/wait`.
 
     The model is checked at once: an unknown alias, a path outside the model roots or an HF id
-    missing from the local cache is a 422 here rather than a failed job later.
+    missing from the local cache is a 422 here rather than a failed job later; so is a model the
+    pruning method cannot handle, when its config is at hand. A `probe` job's `artifact_job_id` must
+    name a succeeded `prune` job of the same model that saved its pruned model (409 otherwise).
     """
     row, replayed = create_job(services, job, idempotency_key)
     if replayed:
@@ -129,6 +145,12 @@ def create_job(services: Services, job: JobCreate, idempotency_key: str | None =
         _check_prunable(source, job.method, [job.sparsity], job.round_to)
     elif isinstance(job, SweepJobCreate):
         _check_prunable(source, job.method, job.sparsities, job.round_to)
+    elif isinstance(job, ProbeJobCreate):
+        if job.method is not None and job.sparsity is not None:
+            _check_prunable(source, job.method, [job.sparsity], job.round_to)
+        if job.artifact_job_id is not None:
+            with services.store.sessions() as session:
+                _check_artifact_job(session, job.artifact_job_id, source.model_id)
     request_body = job.model_dump(mode="json")
     request_hash = _request_hash(request_body)
 
@@ -174,12 +196,25 @@ def create_job(services: Services, job: JobCreate, idempotency_key: str | None =
 
 def _check_prunable(source: ModelSource, method: str, sparsities: Sequence[float], round_to: int) -> None:
     """Refuse now what the worker would refuse after loading the model, when the config is at hand
-    (`prune` jobs: one sparsity; `sweep` jobs: each of theirs).
+    (`prune` and `probe` jobs: one sparsity; `sweep` jobs: each of theirs). SliceGPT needs a family
+    it has an adapter for and a width left after slicing; the other methods a decoder-only causal
+    LM, and the drop methods a layer left.
 
     Packaged models carry no config.json here (they are GGUF); they are known to be prunable.
     """
     config = source.config
-    if config is None or method != "slicegpt":
+    if config is None:
+        return
+    if method != "slicegpt":
+        reason = causal_lm_refusal(config)
+        if reason is None and method in DROP_METHODS:
+            for sparsity in sparsities:
+                if (reason := drop_refusal(method, sparsity, config)) is not None:
+                    raise ProblemError(422, reason, slug="invalid-sparsity", title="Nothing left")
+        if reason is not None:
+            raise ProblemError(
+                422, reason, slug="unsupported-architecture", title="Model cannot be pruned with this method"
+            )
         return
     reason = refusal_reason(config)
     if reason is not None:
@@ -195,6 +230,65 @@ def _check_prunable(source: ModelSource, method: str, sparsities: Sequence[float
             raise ProblemError(
                 422, f"{error}; lower sparsity or round_to", slug="invalid-sparsity", title="Nothing left"
             ) from error
+
+
+def _check_artifact_job(session: Session, artifact_job_id: str, model_id: str) -> None:
+    """A probe's `artifact_job_id` must be a succeeded `prune` job of the same model with an artifact:
+    422 when there is no such job or its model differs, 409 when it has (or cannot yet have) none."""
+    source_job = session.get(Job, artifact_job_id)
+    if source_job is None:
+        raise ProblemError(
+            422,
+            f"artifact_job_id: no job with id {artifact_job_id!r}; name a succeeded prune job "
+            "(GET /v1/jobs?kind=prune&status=succeeded)",
+            slug="artifact-job-not-found",
+            title="No such artifact job",
+            artifact_job_id=artifact_job_id,
+        )
+    if source_job.kind != "prune":
+        raise ProblemError(
+            409,
+            f"artifact_job_id: job {artifact_job_id} is a {source_job.kind} job; only prune jobs save a "
+            "pruned model to probe",
+            slug="artifact-unavailable",
+            title="No artifact to probe",
+            artifact_job_id=artifact_job_id,
+            kind=source_job.kind,
+        )
+    if source_job.model_id != model_id:
+        raise ProblemError(
+            422,
+            f"artifact_job_id: job {artifact_job_id} pruned model {source_job.model_id!r}, but this probe "
+            f"is for {model_id!r}; the dense model must be the one that was pruned",
+            slug="artifact-model-mismatch",
+            title="Artifact of another model",
+            artifact_job_id=artifact_job_id,
+            artifact_model=source_job.model_id,
+        )
+    if source_job.status != JobStatus.succeeded.value:
+        raise ProblemError(
+            409,
+            f"artifact_job_id: job {artifact_job_id} is {source_job.status}, not succeeded; "
+            + (
+                f"wait for it (GET /v1/jobs/{artifact_job_id}/wait) and submit again"
+                if not JobStatus(source_job.status).terminal
+                else "prune again and probe that job's artifact"
+            ),
+            slug="artifact-unavailable",
+            title="No artifact to probe",
+            artifact_job_id=artifact_job_id,
+            status_value=source_job.status,
+        )
+    has_artifact = session.scalar(select(Artifact.id).where(Artifact.job_id == artifact_job_id).limit(1))
+    if has_artifact is None:
+        raise ProblemError(
+            409,
+            f"artifact_job_id: job {artifact_job_id} saved no pruned model (it ran with save_artifact "
+            "false); prune again with save_artifact true, or give `method` and `sparsity` to prune here",
+            slug="artifact-unavailable",
+            title="No artifact to probe",
+            artifact_job_id=artifact_job_id,
+        )
 
 
 def _replay(existing: Job, request_hash: str) -> Job:
@@ -227,7 +321,7 @@ def list_jobs(
         query = query.where(Job.kind == kind)
     if model is not None:
         query = query.where(Job.model_id == model)
-    page, next_cursor = newest_first(session, query, Job.id, cursor, limit)
+    page, next_cursor = keyset_page(session, query, Job.id, cursor, limit, newest_first=True)
     return JobList(items=[job_public(job) for job in page], next_cursor=next_cursor)
 
 

@@ -14,6 +14,7 @@ from app.problems import Problem, ProblemError
 from app.reports import CONTENT_SECURITY_POLICY, CurveSection, render_report
 from app.routes.jobs import job_public
 from app.routes.models import load_curve
+from app.routes.probes import probe_section
 from app.routes.results import result_public
 from app.schemas import ResultPublic
 from app.series import ACCURACY_METRICS, DENSE, PPL, Selector
@@ -36,7 +37,8 @@ MAX_CURVES = 12
 def job_report(job_id: str, services: ServicesDep) -> HTMLResponse:
     """The job as a page for people: status, timings, stage and error; its results; for each model,
     method and metric of its results the curve (measured points, strict and calibrated laws); its
-    probes (none yet). Plain HTML, no JavaScript."""
+    probes (how well the Taylor estimates track the measured deviations, and the layer, heatmap and
+    generation plots). Plain HTML, no JavaScript."""
     with services.store.sessions() as session:
         job = session.get(Job, job_id)
         if job is None:
@@ -45,8 +47,10 @@ def job_report(job_id: str, services: ServicesDep) -> HTMLResponse:
         public = job_public(job)
         results = [result_public(row) for row in rows]
     curves = [_section(services, target) for target in curve_targets(results)[:MAX_CURVES]]
+    probes = probe_section(services.store, job)
     return HTMLResponse(
-        render_report(public, results, curves), headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY}
+        render_report(public, results, curves, probes),
+        headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY},
     )
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from app.deps import SessionDep
-from app.pagination import newest_first
+from app.pagination import keyset_page
 from app.problems import ProblemError
 from app.schemas import ResultList, ResultPublic
 from app.tables import Result
@@ -70,5 +70,5 @@ def list_results(
         query = query.where(Result.sparsity >= sparsity_min)
     if sparsity_max is not None:
         query = query.where(Result.sparsity <= sparsity_max)
-    page, next_cursor = newest_first(session, query, Result.id, cursor, limit)
+    page, next_cursor = keyset_page(session, query, Result.id, cursor, limit, newest_first=True)
     return ResultList(items=[result_public(row) for row in page], next_cursor=next_cursor)

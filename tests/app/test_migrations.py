@@ -11,11 +11,11 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from app.db import Store, make_engine
 from app.migrate import alembic_config, pending_migrations, upgrade
-from app.tables import Base, Fit, Job
+from app.tables import Base, Fit, Job, ProbePoint
 from tests.conftest import PG_ADMIN_URL
 
 
@@ -32,6 +32,8 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
+# Revision 0003 added probe_points.probe.
+BEFORE_0003 = {**EXPECTED, "probe_points": EXPECTED["probe_points"] - {"probe"}}
 
 
 @pytest.fixture
@@ -109,8 +111,54 @@ def test_fits_migration_upgrades_a_0001_store_with_data_and_downgrades_back(
     store.dispose()
 
     command.downgrade(alembic_config(url), "0001")
-    assert _schema(url) == {name: columns for name, columns in EXPECTED.items() if name != "fits"}
+    assert _schema(url) == {name: columns for name, columns in BEFORE_0003.items() if name != "fits"}
     store = Store(url)
     with store.session() as session:
         assert session.scalars(select(Job.id)).all() == ["job-1"]
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_probe_kind_migration_upgrades_a_0002_store_with_points_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0002")
+    assert _schema(url) == BEFORE_0003
+    store = Store(url)
+    with store.session() as session:
+        session.add(Job(id="job-1", kind="probe", request={}, model_id="m", request_hash="h"))
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO probe_points (job_id, layer, sublayer, space, metric, value, estimate) "
+                "VALUES ('job-1', 3, 'mlp', 'embedding', '1-cos', 0.25, 0.2)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        old = session.scalars(select(ProbePoint)).one()
+        assert (old.probe, old.layer, old.value) == ("counterfactual", 3, 0.25)
+        session.add(
+            ProbePoint(
+                job_id="job-1", probe="generation-greedy", space="tokens", step=0, metric="agree", value=1.0
+            )
+        )
+    store.dispose()
+    engine = make_engine(url)
+    index_columns = {
+        index["name"]: index["column_names"] for index in inspect(engine).get_indexes("probe_points")
+    }
+    engine.dispose()
+    assert index_columns == {"ix_probe_points_job_id_probe": ["job_id", "probe"]}
+
+    command.downgrade(alembic_config(url), "0002")
+    assert _schema(url) == BEFORE_0003
+    store = Store(url)
+    with store.session() as session:
+        rows = session.execute(text("SELECT space, metric FROM probe_points ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [("embedding", "1-cos"), ("tokens", "agree")]
     store.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import pytest
@@ -30,3 +31,47 @@ def test_evaluate_smollm2_over_http_stores_a_plausible_perplexity(api: TestClien
     assert result["protocol"]["seqlen"] == 2048 and result["protocol"]["windows"] == 2
     assert result["n"] == 2 * 2047
     assert result["model_revision"]  # the converted weights' key: which bytes were measured
+
+
+def test_probe_of_smollm2_with_attention_drop_tracks_kl_with_its_taylor_estimate(
+    api: TestClient, start_worker: Any
+) -> None:
+    """The claim the per-layer probe rests on (science.md §3), on real weights: across layers 2..L-1
+    the Taylor estimate Var_p(dz)/2T² follows the exact KL of each dropped attention branch."""
+    worker = start_worker()
+    body = {
+        "kind": "probe",
+        "model": "smollm2-135m",
+        "method": "attention-drop",
+        "sparsity": 8 / 30,
+        "calibration": {"num_sequences": 8, "seqlen": 256},
+        "prompts": [
+            {
+                "text": "Question: Which gas do plants take in? A. oxygen B. carbon dioxide C. helium "
+                "D. neon\nAnswer:",
+                "options": ["A", "B", "C", "D"],
+            },
+            {"text": "The river flowed past the old mill and into the town, where"},
+        ],
+        "sublayers": ["attention"],
+        "generation": {"max_new_tokens": 4},
+    }
+    job = api.post("/v1/jobs", json=body).json()
+    done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 900}).json()
+    assert done["status"] == "succeeded", (done, worker.output()[-3000:])
+    page = api.get(
+        f"/v1/jobs/{job['id']}/probes",
+        params={"probe": "counterfactual", "space": "probs", "metric": "kl", "limit": 100},
+    ).json()
+    kl = {point["layer"]: point for point in page["items"]}
+    assert len(kl) == 8  # one point per dropped attention branch, none where attention is intact
+    middle = [kl[layer] for layer in sorted(kl) if 1 <= layer <= 28]  # layers 2..L-1, counted from 1
+    pearson = statistics.correlation([p["estimate"] for p in middle], [p["value"] for p in middle])
+    print(f"SmolLM2 attention-drop: Pearson(KL estimate, KL) over layers 2..L-1 = {pearson:.3f}")
+    assert pearson > 0.8
+    [summary] = [s for s in page["summary"] if s["metric"] == "kl" and s["space"] == "probs"]
+    assert summary["correlation"] == pytest.approx(
+        statistics.correlation([p["estimate"] for p in kl.values()], [p["value"] for p in kl.values()])
+    )
+    svg = api.get(f"/v1/jobs/{job['id']}/probes/plot.svg", params={"view": "layers", "sublayer": "attention"})
+    assert svg.status_code == 200

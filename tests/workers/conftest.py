@@ -6,10 +6,11 @@ They need neither Postgres nor Redis, and a missing data folder skips only the t
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.config import Settings
 
@@ -44,3 +45,14 @@ def worker_settings(tmp_path: Path, shared_data_dir: Path) -> Callable[..., Sett
 def tiny_llama_dir(tiny_model_dir: Path) -> Path:
     """The session's tiny random Llama (tests/conftest.py builds it once for every test)."""
     return tiny_model_dir
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Run the test on one torch intra-op thread, then restore the setting. Tiny-model packages
+    (pruning, probing, slicing) use it for every test: there the threads cost more than they save
+    and contend with anything else on the machine. Tests on real models keep torch's default."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -15,6 +15,7 @@ HANDLER_MODULES = {
     "evaluate": "workers.kinds.evaluate",
     "prune": "workers.kinds.prune",
     "sweep": "workers.kinds.sweep",
+    "probe": "workers.kinds.probe",
 }
 # Kinds whose handler resumes from what an earlier attempt stored; every other kind starts over,
 # and what its earlier attempts stored is discarded first.

@@ -5,20 +5,23 @@ Stages and the share of the job's progress each one covers:
     loading model   0.00-0.05
     dense baseline  0.05-0.25  reused from the store when the same model, data and perplexity
                                protocol were measured before; else measured and stored (dense, 0)
-    calibration     0.25-0.30  seeded windows of the calibration corpus
-    slicing         0.30-0.75  detail "block i/L"
-    saving          0.75-0.80  the sliced model under <artifacts dir>/<job id>/, recorded in `artifacts`
+    calibration     0.25-0.30  seeded windows of the calibration corpus (none for magnitude)
+    slicing|pruning 0.30-0.75  detail "block i/L" ("slicing" for slicegpt, "pruning" otherwise)
+    saving          0.75-0.80  the pruned model under <artifacts dir>/<job id>/, recorded in `artifacts`
+                               (`sliced-model`, or a stock transformers checkpoint `pruned-model`)
     perplexity      0.80-1.00  detail "window i/W"
 
 With `accuracy`, the dense baseline span also covers the dense accuracy ("dense accuracy", reused
-like the perplexity), slicing to perplexity end at 0.90 and "accuracy" (detail "<task> i/N")
+like the perplexity), pruning to perplexity end at 0.90 and "accuracy" (detail "<task> i/N")
 scores the pruned model in 0.90-1.00.
 
 Results: `ppl` of the pruned model (method, requested sparsity; protocol = perplexity protocol +
-calibration record + slicing report + timings + versions) and `param_fraction_removed` (the real
-fraction of parameters removed, which differs from the sparsity of the residual width), and with
-`accuracy` `acc` / `acc_norm` per task (dataset = the task) of the dense and the pruned model.
-The steps are shared with `sweep` jobs (workers.kinds.slicing_steps).
+calibration record + slicing or pruning report + timings + versions) and `param_fraction_removed`
+(the real fraction of parameters removed, which differs from the method's sparsity: slicing removes
+residual width, intra-layer pruners zero a fraction of the linears' weights only, drops remove
+layers), and with `accuracy` `acc` / `acc_norm` per task (dataset = the task) of the dense and the
+pruned model. An N:M pattern is part of the stored method name ("wanda-2:4"). The steps are shared
+with `sweep` jobs (workers.kinds.prune_steps).
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ import time
 
 from app.schemas import PruneJobCreate
 from workers.context import JobContext
-from workers.kinds.slicing_steps import (
+from workers.kinds.prune_steps import (
     PrepareSpans,
     lap,
     prepare,
+    prune_and_measure,
     pruned_accuracy_results,
     pruned_results,
-    score_sliced_accuracy,
-    slice_and_measure,
+    score_pruned_accuracy,
 )
 
 SPANS = PrepareSpans(load=0.02, baseline=(0.05, 0.25), calibration=(0.25, 0.30))
@@ -45,7 +48,7 @@ def run(context: JobContext) -> None:
     started = time.perf_counter()
     prepared = prepare(context, spec, SPANS, spec.accuracy)
     measured_end = 1.0 if spec.accuracy is None else 0.9
-    outcome = slice_and_measure(
+    outcome = prune_and_measure(
         context,
         prepared,
         prepared.loaded.model,
@@ -55,7 +58,7 @@ def run(context: JobContext) -> None:
         end=measured_end,
         artifact_folder=context.settings.artifacts_dir / context.job_id if spec.save_artifact else None,
     )
-    scored = score_sliced_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
+    scored = score_pruned_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}
     context.add_results(
         pruned_results(prepared, spec, outcome, timings=timings)

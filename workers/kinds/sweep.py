@@ -35,16 +35,16 @@ from app.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_
 from app.schemas import SweepJobCreate
 from app.tables import Fit, Result
 from workers.context import JobContext, JobFailure
-from workers.kinds.slicing_steps import (
+from workers.kinds.prune_steps import (
     NO_DATASET,
     Prepared,
     PrepareSpans,
     lap,
     prepare,
+    prune_and_measure,
     pruned_accuracy_results,
     pruned_results,
-    score_sliced_accuracy,
-    slice_and_measure,
+    score_pruned_accuracy,
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
 from workers.loading import refresh_model
@@ -90,7 +90,7 @@ def run(context: JobContext) -> None:
             timings["reload_s"] = lap(point_started)
         model_is_dense = False
         measured_end = end if spec.accuracy is None else start + ACCURACY_FROM * (end - start)
-        outcome = slice_and_measure(
+        outcome = prune_and_measure(
             context,
             prepared,
             prepared.loaded.model,
@@ -105,7 +105,7 @@ def run(context: JobContext) -> None:
             ),
             detail_prefix=prefix,
         )
-        scored = score_sliced_accuracy(
+        scored = score_pruned_accuracy(
             context, prepared, spec.accuracy, outcome, start=measured_end, end=end, detail_prefix=prefix
         )
         timings.update(outcome.timings)
@@ -185,6 +185,7 @@ def _has_fit(context: JobContext) -> bool:
 def _slicing_protocol(spec: SweepJobCreate, prepared: Prepared, ppl_row: Result) -> dict[str, Any]:
     """What every fit of this sweep shares: the calibration windows and how the model was sliced."""
     record = prepared.calibration_record
+    assert record is not None  # slicing always calibrates
     return {
         "calibration": {key: record[key] for key in CALIBRATION_KEYS},
         "round_to": spec.round_to,

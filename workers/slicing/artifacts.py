@@ -23,17 +23,16 @@ the weights strictly, so every key and shape is checked.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
-import transformers
 from accelerate import init_empty_weights
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from workers.artifact_description import read_description, write_description
 from workers.slicing.adapters import FamilyAdapter, adapter_for_family
 from workers.slicing.adapters.base import norm_epsilon
 from workers.slicing.engine import SlicedWidths, SlicingReport
@@ -70,8 +69,6 @@ def save_sliced(
     model.config.tie_word_embeddings = False
     model.config.save_pretrained(folder)
     description = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
         "method": "slicegpt",
         "family": report.family,
         "hidden_size": report.hidden_size,
@@ -87,24 +84,18 @@ def save_sliced(
         "param_fraction_removed": report.param_fraction_removed,
         "dtype": report.dtype,
         "weights_file": WEIGHTS_FILE,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    (folder / SLICING_CONFIG_FILE).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+    write_description(
+        folder / SLICING_CONFIG_FILE, description, file_format=FORMAT, format_version=FORMAT_VERSION
+    )
     return folder
 
 
 def read_slicing_config(folder: str | Path) -> dict[str, Any]:
     """The slicing_config.json of a sliced model folder, checked for format."""
-    path = Path(folder) / SLICING_CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {folder} is not a (complete) sliced model folder")
-    description: dict[str, Any] = json.loads(path.read_text())
-    if description.get("format") != FORMAT or description.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format {description.get('format')!r} version {description.get('format_version')!r}; "
-            f"this code reads {FORMAT!r} version {FORMAT_VERSION}"
-        )
-    return description
+    return read_description(
+        folder, SLICING_CONFIG_FILE, file_format=FORMAT, format_version=FORMAT_VERSION, what="sliced model"
+    )
 
 
 def load_sliced(folder: str | Path, *, device: torch.device | str = "cpu") -> PreTrainedModel:

@@ -30,6 +30,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from workers.block_inputs import BlockBatch as _Batch
+from workers.block_inputs import capture_block_inputs as _capture_block_inputs
+from workers.block_inputs import home_device as _home_device
+from workers.block_inputs import move_to as _move
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
 from workers.slicing.adapters.base import config_dict
 from workers.slicing.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
@@ -125,20 +129,6 @@ class SlicingReport:
         return data
 
 
-@dataclass
-class _Batch:
-    """One calibration batch at the current point of the stream."""
-
-    hidden: torch.Tensor  # (B, T, width), model dtype, on the model's home device
-    keep: torch.Tensor  # (B, T) bool, False at padded positions
-    args: tuple[Any, ...]  # the block call's other positional arguments (on the home device)
-    kwargs: dict[str, Any]  # the block call's keyword arguments: masks, positions, cache flags
-
-
-class _ReachedBlockZero(Exception):
-    """Raised by the capture hook so the forward pass stops at block 0."""
-
-
 def count_parameters(model: nn.Module) -> int:
     """Unique parameters (shared ones counted once)."""
     return sum(parameter.numel() for parameter in model.parameters())
@@ -150,68 +140,6 @@ def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
     for block in adapter.blocks(model):
         norms += [adapter.attn_norm(block), adapter.mlp_norm(block)]
     return any(isinstance(norm, RMSNormNoScale) for norm in norms)
-
-
-def _move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_move(item, device) for item in value)
-    if isinstance(value, dict):
-        return {key: _move(item, device) for key, item in value.items()}
-    return value
-
-
-def _home_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-@torch.no_grad()
-def _capture_block_inputs(
-    model: PreTrainedModel,
-    adapter: FamilyAdapter,
-    input_ids: torch.Tensor,
-    keep: torch.Tensor,
-    batch_size: int,
-    compute: torch.device,
-    home: torch.device,
-) -> list[_Batch]:
-    """Run each batch through the embeddings only; keep what block 0 would have received."""
-    decoder = adapter.decoder(model)
-    blocks = adapter.blocks(model)
-    # Everything the decoder owns before the blocks (embeddings, rotary tables...) goes to the
-    # compute device; the blocks and the head stay home.
-    front = [child for child in decoder.children() if child is not blocks]
-    for module in front:
-        module.to(compute)
-    captured: dict[str, Any] = {}
-
-    def stop_at_block_zero(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        captured["args"], captured["kwargs"] = args, dict(kwargs)
-        raise _ReachedBlockZero
-
-    handle = blocks[0].register_forward_pre_hook(stop_at_block_zero, with_kwargs=True)
-    batches = []
-    try:
-        for start in range(0, input_ids.shape[0], batch_size):
-            ids = input_ids[start : start + batch_size].to(compute)  # (B, T)
-            mask = keep[start : start + batch_size]  # (B, T)
-            try:
-                model(
-                    input_ids=ids, attention_mask=mask.to(device=compute, dtype=torch.long), use_cache=False
-                )
-            except _ReachedBlockZero:
-                pass
-            else:
-                raise RuntimeError("the forward pass never reached block 0")
-            args, kwargs = captured["args"], captured["kwargs"]
-            hidden = args[0] if args else kwargs.pop("hidden_states")
-            batches.append(_Batch(hidden.to(home), mask.to(home), _move(args[1:], home), _move(kwargs, home)))
-    finally:
-        handle.remove()
-        for module in front:
-            module.to(home)
-    return batches
 
 
 def _rotate(hidden: torch.Tensor, basis: torch.Tensor, keep: int) -> torch.Tensor:

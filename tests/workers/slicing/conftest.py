@@ -3,15 +3,9 @@ contend with anything else on the machine): run them on one thread, then restore
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (tests/workers/conftest.py)."""

@@ -91,8 +91,13 @@ ALL_CASES = tuple(CONFIGS)
 
 def build(case: str, seed: int = 0) -> PreTrainedModel:
     """A tiny fp32 model in eval mode with randomised norm scales and biases."""
+    return build_from_config(CONFIGS[case](), seed)
+
+
+def build_from_config(config: PretrainedConfig, seed: int = 0) -> PreTrainedModel:
+    """A tiny fp32 model of `config` in eval mode with randomised norm scales and biases."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[case](), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from torch import nn
 from transformers import PreTrainedModel
 
 from workers.slicing.adapters.base import FamilyAdapter, config_dict
@@ -14,7 +17,9 @@ from workers.slicing.adapters.phi3 import Phi3Adapter
 from workers.slicing.families import (
     FAMILY_NAMES,
     UnsupportedArchitectureError,
+    describe_architecture,
     known_refusal,
+    supported_families_text,
     unsupported_message,
 )
 
@@ -33,6 +38,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "adapter_for_family",
     "detect_family",
+    "match_structure",
 ]
 
 
@@ -55,6 +61,24 @@ def detect_family(model: PreTrainedModel) -> FamilyAdapter:
             return adapter
     raise UnsupportedArchitectureError(
         unsupported_message(config, "no adapter recognises its module structure")
+    )
+
+
+def match_structure(model: nn.Module) -> FamilyAdapter:
+    """The adapter whose module structure the model has, without the checks only slicing needs
+    (rotation-invariant norms, no unknown modules in blocks): enough to find blocks, norms, head and
+    each branch's linears, as pruners and probes do.
+
+    Raises UnsupportedArchitectureError when no adapter recognises the structure.
+    """
+    for adapter_class in ADAPTERS:
+        if adapter_class.matches(model):
+            return adapter_class()
+    architecture = describe_architecture(config_dict(cast(PreTrainedModel, model)))
+    raise UnsupportedArchitectureError(
+        f"model uses {architecture}, whose module structure no family "
+        f"adapter recognises (blocks, norms, each branch's linears). Supported families: "
+        f"{supported_families_text()}"
     )
 
 

@@ -1,11 +1,14 @@
-"""Steps of the kinds that slice a model (`prune`, `sweep`): load a model that can be sliced,
-measure or reuse its dense baseline, draw the calibration windows, slice one dense copy at one
+"""Steps of the kinds that prune a model (`prune`, `sweep`): load a model the method can prune,
+measure or reuse its dense baseline, draw the calibration windows, prune one dense copy at one
 sparsity and measure it, and the result rows that describe it.
 
-A `prune` job runs `prepare` and then `slice_and_measure` once. A `sweep` runs `prepare` once and
-`slice_and_measure` once per sparsity, each on a fresh dense copy (`workers.loading.reload_model`)
+A `prune` job runs `prepare` and then `prune_and_measure` once. A `sweep` runs `prepare` once and
+`prune_and_measure` once per sparsity, each on a fresh dense copy (`workers.loading.refresh_model`)
 with the same calibration windows, so a sweep stores, point for point, the results a `prune` job
 with the same request fields would store.
+
+SliceGPT (`workers.slicing`) and the other pruners (`workers.pruning`) differ only in
+`apply_method` and `save_artifact`; everything around them is shared.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from app.model_sources import ModelSource
-from app.schemas import AccuracySpec, PruneJobCreate, SweepJobCreate
+from app.schemas import AccuracySpec, CalibrationSpec, PruneJobCreate, SweepJobCreate
 from app.tables import Artifact, Result
 from workers.accuracy import TaskResult
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
@@ -46,17 +50,26 @@ from workers.kinds.steps import (
     step_reporter,
 )
 from workers.loading import LoadedModel
-from workers.slicing.adapters import UnsupportedArchitectureError, detect_family
+from workers.pruning import (
+    PRUNED_ARTIFACT_KIND,
+    PruningReport,
+    PruningStopped,
+    prune_model,
+    save_pruned,
+)
+from workers.slicing.adapters import UnsupportedArchitectureError, detect_family, match_structure
 from workers.slicing.artifacts import WEIGHTS_FILE, save_sliced
 from workers.slicing.engine import SlicingReport, SlicingStopped, slice_model
 
 ARTIFACT_KIND = "sliced-model"
+# Methods that prune without looking at data.
+DATA_FREE_METHODS = frozenset({"magnitude"})
 # Results that describe the model rather than a measurement on data carry this dataset name.
 NO_DATASET = "none"
 
 SlicingJob = PruneJobCreate | SweepJobCreate
 
-# How `slice_and_measure` splits its share of the job's progress: slicing, saving, perplexity.
+# How `prune_and_measure` splits its share of the job's progress: pruning, saving, perplexity.
 # (A prune job gives it 0.30-1.00: slicing 0.30-0.75, saving 0.75-0.80, perplexity 0.80-1.00.)
 SLICING_SHARE = 45 / 70
 SAVING_SHARE = 5 / 70
@@ -81,8 +94,8 @@ class Prepared:
     data: PerplexityData
     dense: Result
     dense_reused: bool  # measured by another job
-    calibration: CalibrationBatch
-    calibration_record: dict[str, Any]
+    calibration: CalibrationBatch | None  # None for data-free methods (magnitude)
+    calibration_record: dict[str, Any] | None
     timings: dict[str, float] = field(default_factory=dict)
     accuracy_plans: list[TaskPlan] = field(default_factory=list)  # empty: no accuracy asked
     dense_accuracy: dict[str, DenseAccuracy] = field(default_factory=dict)  # task -> its dense rows
@@ -93,7 +106,7 @@ class Measured:
     """One sliced model, scored."""
 
     sparsity: float
-    report: SlicingReport
+    report: SlicingReport | PruningReport
     perplexity: PerplexityResult
     artifact_path: str | None
     timings: dict[str, float]
@@ -115,7 +128,7 @@ def prepare(
     context.report("loading model", spans.load, spec.model)
     source, loaded = load_for_job(context, spec)
     try:
-        detect_family(loaded.model)  # refuse before spending time on the dense baseline
+        check_prunable(loaded.model, spec.method)  # refuse before spending time on the dense baseline
     except UnsupportedArchitectureError as error:
         raise JobFailure(str(error)) from error
     environment = run_environment(loaded.device)
@@ -141,21 +154,8 @@ def prepare(
         timings["dense_accuracy_s"] = lap(lap_started)
 
     lap_started = time.perf_counter()
-    calibration_spec = spec.calibration
-    context.report("calibration", spans.calibration[0], calibration_spec.corpus)
-    try:
-        corpus = calibration_corpus(calibration_spec.corpus, calibration_spec.text, context.settings)
-        calibration = build_calibration(
-            loaded.tokenizer,
-            corpus,
-            num_sequences=calibration_spec.num_sequences,
-            seqlen=effective_seqlen(loaded.model, calibration_spec.seqlen),
-            seed=spec.seed if calibration_spec.seed is None else calibration_spec.seed,
-            settings=context.settings,
-            requested_seqlen=calibration_spec.seqlen,
-        )
-    except (DataMissingError, CalibrationError) as error:
-        raise JobFailure(str(error)) from error
+    context.report("calibration", spans.calibration[0], spec.calibration.corpus)
+    calibration, record = draw_calibration(context, loaded, spec.calibration, spec.seed, spec.method)
     timings["calibration_s"] = lap(lap_started)
     return Prepared(
         source=source,
@@ -165,14 +165,116 @@ def prepare(
         dense=dense,
         dense_reused=reused,
         calibration=calibration,
-        calibration_record={**calibration.record, "batch_size": calibration_spec.batch_size},
+        calibration_record=record,
         timings=timings,
         accuracy_plans=plans,
         dense_accuracy=dense_acc,
     )
 
 
-def slice_and_measure(
+def check_prunable(model: PreTrainedModel, method: str) -> None:
+    """Refuse, as a JobFailure naming the reason, a model `method` cannot prune: slicing needs the
+    full family checks (rotation-invariant norms...), the other pruners only the block structure."""
+    try:
+        if method == "slicegpt":
+            detect_family(model)
+        else:
+            match_structure(model)
+    except UnsupportedArchitectureError as error:
+        raise JobFailure(str(error)) from error
+
+
+def draw_calibration(
+    context: JobContext, loaded: LoadedModel, spec: CalibrationSpec, job_seed: int, method: str
+) -> tuple[CalibrationBatch | None, dict[str, Any] | None]:
+    """The seeded calibration windows `method` prunes with, and their record; (None, None) for
+    methods that read no data."""
+    if method in DATA_FREE_METHODS:
+        return None, None
+    try:
+        corpus = calibration_corpus(spec.corpus, spec.text, context.settings)
+        calibration = build_calibration(
+            loaded.tokenizer,
+            corpus,
+            num_sequences=spec.num_sequences,
+            seqlen=effective_seqlen(loaded.model, spec.seqlen),
+            seed=job_seed if spec.seed is None else spec.seed,
+            settings=context.settings,
+            requested_seqlen=spec.seqlen,
+        )
+    except (DataMissingError, CalibrationError) as error:
+        raise JobFailure(str(error)) from error
+    return calibration, {**calibration.record, "batch_size": spec.batch_size}
+
+
+def result_method(method: str, pattern: str = "unstructured") -> str:
+    """The method name results are stored under: an N:M pattern is part of it ("wanda-2:4"), so that
+    curves and predictions never mix patterns of one method."""
+    return method if pattern == "unstructured" else f"{method}-{pattern}"
+
+
+def job_pattern(spec: SlicingJob) -> str:
+    return spec.pattern if isinstance(spec, PruneJobCreate) else "unstructured"
+
+
+def apply_method(
+    context: JobContext,
+    model: PreTrainedModel,
+    method: str,
+    sparsity: float,
+    calibration: CalibrationBatch | None,
+    *,
+    pattern: str = "unstructured",
+    round_to: int = 8,
+    slice_head: bool | None = None,
+    batch_size: int = 8,
+    device: torch.device,
+    start: float,
+    end: float,
+    detail_prefix: str = "",
+) -> SlicingReport | PruningReport:
+    """Prune the dense `model` in place with `method` at `sparsity`, reporting "block i/L" within
+    [start, end]. Stops with JobStopped at a safe point (before a block) when the job must stop; the
+    partly pruned model must then be discarded. The engine's ValueErrors become JobFailures."""
+    stage = "slicing" if method == "slicegpt" else "pruning"
+    progress = step_reporter(context, stage, start, end, "block", detail_prefix)
+    ids = None if calibration is None else calibration.input_ids
+    mask = None if calibration is None else calibration.attention_mask
+    try:
+        if method == "slicegpt":
+            assert ids is not None
+            return slice_model(
+                model,
+                ids,
+                mask,
+                sparsity,
+                round_to=round_to,
+                batch_size=batch_size,
+                device=device,
+                slice_head=slice_head,
+                progress=progress,
+                should_stop=context.should_stop,
+            )
+        return prune_model(
+            model,
+            method,
+            sparsity,
+            pattern=pattern,
+            calibration_ids=ids,
+            attention_mask=mask,
+            batch_size=batch_size,
+            device=device,
+            progress=progress,
+            should_stop=context.should_stop,
+        )
+    except (SlicingStopped, PruningStopped):
+        context.check_stop()
+        raise
+    except ValueError as error:  # UnsupportedArchitectureError included
+        raise JobFailure(f"{stage}: {error}") from error
+
+
+def prune_and_measure(
     context: JobContext,
     prepared: Prepared,
     model: PreTrainedModel,
@@ -184,40 +286,38 @@ def slice_and_measure(
     artifact_folder: Path | None,
     detail_prefix: str = "",
 ) -> Measured:
-    """Slice the dense `model` in place at `sparsity`, save it to `artifact_folder` (recorded as an
-    artifact of the job) when given, and score it, reporting progress within [start, end].
+    """Prune the dense `model` in place at `sparsity` with the job's method, save it to
+    `artifact_folder` (recorded as an artifact of the job) when given, and score it, reporting
+    progress within [start, end].
 
     Stops with JobStopped at a safe point (before a block, before a window) when the job must stop;
-    the partly sliced model must then be discarded.
+    the partly pruned model must then be discarded.
     """
-    slicing_end = start + (end - start) * SLICING_SHARE
-    saving_end = slicing_end + (end - start) * SAVING_SHARE
+    pruning_end = start + (end - start) * SLICING_SHARE
+    saving_end = pruning_end + (end - start) * SAVING_SHARE
     timings: dict[str, float] = {}
     lap_started = time.perf_counter()
-    try:
-        report = slice_model(
-            model,
-            prepared.calibration.input_ids,
-            prepared.calibration.attention_mask,
-            sparsity,
-            round_to=spec.round_to,
-            batch_size=spec.calibration.batch_size,
-            device=prepared.loaded.device,
-            slice_head=spec.slice_head,
-            progress=step_reporter(context, "slicing", start, slicing_end, "block", detail_prefix),
-            should_stop=context.should_stop,
-        )
-    except SlicingStopped:
-        context.check_stop()
-        raise
-    except ValueError as error:  # UnsupportedArchitectureError included
-        raise JobFailure(f"slicing: {error}") from error
-    timings["slicing_s"] = lap(lap_started)
+    report = apply_method(
+        context,
+        model,
+        spec.method,
+        sparsity,
+        prepared.calibration,
+        pattern=job_pattern(spec),
+        round_to=spec.round_to,
+        slice_head=spec.slice_head,
+        batch_size=spec.calibration.batch_size,
+        device=prepared.loaded.device,
+        start=start,
+        end=pruning_end,
+        detail_prefix=detail_prefix,
+    )
+    timings["slicing_s" if spec.method == "slicegpt" else "pruning_s"] = lap(lap_started)
 
     artifact_path: str | None = None
     if artifact_folder is not None:
         lap_started = time.perf_counter()
-        context.report("saving", slicing_end, f"{detail_prefix}sliced model")
+        context.report("saving", pruning_end, f"{detail_prefix}pruned model")
         artifact = save_artifact(
             model,
             report,
@@ -247,7 +347,7 @@ def slice_and_measure(
     return Measured(sparsity, report, measured, artifact_path, timings)
 
 
-def score_sliced_accuracy(
+def score_pruned_accuracy(
     context: JobContext,
     prepared: Prepared,
     accuracy: AccuracySpec | None,
@@ -257,7 +357,7 @@ def score_sliced_accuracy(
     end: float,
     detail_prefix: str = "",
 ) -> list[TaskResult]:
-    """Score the sliced model on the prepared tasks (none when the job asked for no accuracy)."""
+    """Score the pruned model on the prepared tasks (none when the job asked for no accuracy)."""
     if accuracy is None:
         return []
     started = time.perf_counter()
@@ -274,6 +374,32 @@ def score_sliced_accuracy(
     )
     outcome.timings["accuracy_s"] = lap(started)
     return scored
+
+
+def model_description(report: SlicingReport | PruningReport) -> dict[str, Any]:
+    """What the `param_fraction_removed` row records about the pruned model's shape and size."""
+    if isinstance(report, SlicingReport):
+        return {
+            "params_before": report.params_before,
+            "params_after": report.params_after,
+            "predicted_params_before": report.predicted_params_before,
+            "predicted_params_after": report.predicted_params_after,
+            "family": report.family,
+            "hidden_size": report.hidden_size,
+            "width": report.width,
+            "round_to": report.round_to,
+            "slice_head": report.slice_head,
+            "dtype": report.dtype,
+        }
+    return {key: value for key, value in report.to_dict().items() if key not in ("scores", "timings")}
+
+
+def shape_summary(report: SlicingReport | PruningReport) -> dict[str, Any]:
+    """The one-line shape of a pruned model an accuracy row carries: the kept width of a sliced
+    model; the achieved sparsity (and the dropped layers) of the others."""
+    if isinstance(report, SlicingReport):
+        return {"width": report.width}
+    return {"achieved_sparsity": report.achieved_sparsity, "dropped_layers": report.dropped_layers}
 
 
 def pruned_results(
@@ -298,7 +424,8 @@ def pruned_results(
         "dense_ppl": prepared.dense.value,
         "dense_reused": prepared.dense_reused,
         "calibration": prepared.calibration_record,
-        "slicing": report.to_dict(),
+        "pattern": job_pattern(spec),
+        "slicing" if isinstance(report, SlicingReport) else "pruning": report.to_dict(),
         "artifact": outcome.artifact_path,
         "timings": timings,
         **(extra_protocol or {}),
@@ -308,7 +435,7 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=spec.method,
+            method=result_method(spec.method, job_pattern(spec)),
             sparsity=outcome.sparsity,
             metric="ppl",
             dataset=prepared.data.spec.dataset,
@@ -321,23 +448,14 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=spec.method,
+            method=result_method(spec.method, job_pattern(spec)),
             sparsity=outcome.sparsity,
             metric="param_fraction_removed",
             dataset=NO_DATASET,
             value=report.param_fraction_removed,
             source="measured",
             protocol={
-                "params_before": report.params_before,
-                "params_after": report.params_after,
-                "predicted_params_before": report.predicted_params_before,
-                "predicted_params_after": report.predicted_params_after,
-                "family": report.family,
-                "hidden_size": report.hidden_size,
-                "width": report.width,
-                "round_to": report.round_to,
-                "slice_head": report.slice_head,
-                "dtype": report.dtype,
+                **model_description(report),
                 **(extra_protocol or {}),
                 **prepared.environment,
             },
@@ -353,8 +471,8 @@ def pruned_accuracy_results(
     *,
     extra_protocol: dict[str, Any] | None = None,
 ) -> list[Result]:
-    """The rows of a sliced model's accuracy: per task and metric (see `accuracy_steps`), each
-    with the dense result it compares with, the calibration record, the kept width and the
+    """The rows of a pruned model's accuracy: per task and metric (see `accuracy_steps`), each
+    with the dense result it compares with, the calibration record, the model's shape and the
     artifact, then `extra_protocol`."""
     rows = []
     for measured in scored:
@@ -366,7 +484,7 @@ def pruned_accuracy_results(
                 "dense_value": row.value,
                 "dense_reused": dense.reused,
                 "calibration": prepared.calibration_record,
-                "width": outcome.report.width,
+                **shape_summary(outcome.report),
                 "param_fraction_removed": outcome.report.param_fraction_removed,
                 "artifact": outcome.artifact_path,
                 **(extra_protocol or {}),
@@ -377,7 +495,7 @@ def pruned_accuracy_results(
             measured,
             source=prepared.source,
             loaded=prepared.loaded,
-            method=spec.method,
+            method=result_method(spec.method, job_pattern(spec)),
             sparsity=outcome.sparsity,
             seed=spec.seed,
             environment=prepared.environment,
@@ -388,20 +506,32 @@ def pruned_accuracy_results(
 
 def save_artifact(
     model: PreTrainedModel,
-    report: SlicingReport,
+    report: SlicingReport | PruningReport,
     folder: Path,
     model_id: str,
     revision: str | None,
-    calibration: dict[str, Any],
+    calibration: dict[str, Any] | None,
 ) -> Artifact:
-    """Write the sliced model to `folder` (replacing what an earlier attempt left) and describe it."""
+    """Write the pruned model to `folder` (replacing what an earlier attempt left) and describe it:
+    a sliced model in its own format, any other as a stock transformers checkpoint."""
     if folder.exists():
         shutil.rmtree(folder)
-    save_sliced(model, report, folder, source_model_id=model_id, revision=revision, calibration=calibration)
+    if isinstance(report, SlicingReport):
+        assert calibration is not None
+        save_sliced(
+            model, report, folder, source_model_id=model_id, revision=revision, calibration=calibration
+        )
+        kind, weights = ARTIFACT_KIND, folder / WEIGHTS_FILE
+    else:
+        save_pruned(
+            model, report, folder, model_id=model_id, revision=revision, calibration_record=calibration
+        )
+        kind = PRUNED_ARTIFACT_KIND
+        weights = folder / WEIGHTS_FILE
+        if not weights.exists():  # sharded: the index names every shard
+            weights = folder / f"{WEIGHTS_FILE}.index.json"
     total_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-    return Artifact(
-        kind=ARTIFACT_KIND, path=str(folder), bytes=total_bytes, sha256=file_sha256(folder / WEIGHTS_FILE)
-    )
+    return Artifact(kind=kind, path=str(folder), bytes=total_bytes, sha256=file_sha256(weights))
 
 
 def file_sha256(path: Path) -> str:

@@ -1,0 +1,128 @@
+"""`probe` jobs over HTTP through a real RQ worker: the pruned model made in the job or read from an
+earlier prune job's artifact, its probe points queryable and its plots rendering."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.app.test_prune_jobs import job_results, prune_body, wait_done
+
+SMALL_CALIBRATION = {"num_sequences": 4, "seqlen": 32, "batch_size": 2}
+PROMPTS = [
+    {
+        "text": "Question: which is a fruit? A. stone B. apple C. chair D. road\nAnswer:",
+        "options": ["A", "B", "C", "D"],
+    },
+    {"text": "12 + 30 ="},
+    {"text": "Once upon a time, in a quiet village by the sea,"},
+]
+
+
+def probe_body(model: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "kind": "probe",
+        "model": model,
+        "method": "wanda",
+        "sparsity": 0.5,
+        "calibration": SMALL_CALIBRATION,
+        "prompts": PROMPTS,
+        "generation": {"max_new_tokens": 6},
+        **overrides,
+    }
+
+
+def all_points(api: TestClient, job_id: str, **filters: Any) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params = {**filters, "limit": 200, **({"cursor": cursor} if cursor else {})}
+        page = api.get(f"/v1/jobs/{job_id}/probes", params=params)
+        assert page.status_code == 200, page.text
+        body = page.json()
+        points += body["items"]
+        cursor = body["next_cursor"]
+        if not cursor:
+            return points
+
+
+def test_probe_job_with_wanda_stores_every_probe_and_its_plots_render(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    job = api.post("/v1/jobs", json=probe_body(str(tiny_model_dir))).json()
+    assert job["kind"] == "probe"
+    done = wait_done(api, job["id"], worker)
+    assert done["stage"] == "done" and done["progress"] == 1.0
+
+    points = all_points(api, job["id"])
+    probes = {point["probe"] for point in points}
+    assert probes == {"model", "counterfactual", "generation-greedy", "generation-sampled", "mc-subspace"}
+    layers = {p["layer"] for p in points if p["probe"] == "counterfactual"}
+    assert layers == {0, 1}  # the tiny model's two blocks
+    kl = [p for p in points if p["probe"] == "counterfactual" and p["metric"] == "kl"]
+    assert kl and all(p["value"] >= 0 and p["estimate"] is not None for p in kl)
+    assert all(math.isfinite(p["value"]) for p in points)
+    steps = {p["step"] for p in points if p["probe"] == "generation-greedy" and p["space"] == "tokens"}
+    assert steps == set(range(6))
+
+    only_kl = all_points(api, job["id"], probe="counterfactual", metric="kl", space="probs")
+    assert sorted(p["id"] for p in only_kl) == sorted(p["id"] for p in kl)
+
+    [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
+    assert cost["method"] == "wanda" and cost["value"] > 0 and cost["n"] == len(points)
+    assert cost["protocol"]["prompts"] == 3 and cost["protocol"]["skipped"] == {}
+
+    for view in ("layers", "heatmap", "generation"):
+        svg = api.get(f"/v1/jobs/{job['id']}/probes/plot.svg", params={"view": view})
+        assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml"), view
+        assert ElementTree.fromstring(svg.content).tag.endswith("svg")
+    png = api.get(f"/v1/jobs/{job['id']}/probes/plot.png", params={"view": "layers"})
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+    report = api.get(f"/v1/jobs/{job['id']}/report")
+    assert report.status_code == 200 and report.text.count("<svg") >= 3
+
+
+def test_probe_job_reads_a_shortgpt_artifact_and_measures_the_removed_block_as_identity(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    pruned = api.post("/v1/jobs", json=prune_body(str(tiny_model_dir), 0.5, method="shortgpt")).json()
+    wait_done(api, pruned["id"], worker)
+    dropped = job_results(api, pruned["id"])["shortgpt/param_fraction_removed"]["protocol"]["dropped_layers"]
+
+    body = probe_body(str(tiny_model_dir), artifact_job_id=pruned["id"], generation=None)
+    for key in ("method", "sparsity", "calibration"):
+        body.pop(key)
+    job = api.post("/v1/jobs", json=body).json()
+    wait_done(api, job["id"], worker)
+    counterfactual = all_points(api, job["id"], probe="counterfactual")
+    # Only whole blocks were removed: no attention or MLP swaps. On the dense input a kept block is
+    # the dense block (exactly 0); a removed one is the identity, which bends the stream.
+    assert {p["sublayer"] for p in counterfactual} == {"block"}
+    bend = {
+        p["layer"]: p["value"] for p in counterfactual if p["metric"] == "1-cos" and p["space"] == "embedding"
+    }
+    assert set(bend) == {0, 1} and all((bend[layer] > 0) == (layer in dropped) for layer in bend)
+    assert not all_points(api, job["id"], probe="generation-greedy")
+    [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
+    assert cost["method"] == "shortgpt" and cost["protocol"]["origin"]["artifact_job_id"] == pruned["id"]
+    assert "generation" in cost["protocol"]["skipped"]
+
+
+def test_probe_of_a_sliced_model_skips_the_per_layer_counterfactual_with_the_reason(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    job = api.post(
+        "/v1/jobs", json=probe_body(str(tiny_model_dir), method="slicegpt", sparsity=0.25, generation=None)
+    ).json()
+    wait_done(api, job["id"], worker)
+    assert not all_points(api, job["id"], probe="counterfactual")
+    assert {p["space"] for p in all_points(api, job["id"], probe="model")} >= {"logits", "probs"}
+    [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
+    assert "width" in cost["protocol"]["skipped"]["counterfactual"]

@@ -1,0 +1,328 @@
+"""`probe` jobs: where a pruning bends the model, measured against its dense model (science.md §3).
+
+Stages and the share of the job's progress each one covers:
+
+    loading model    0.00-0.05  the dense model
+    pruning          0.05-0.35  a second copy pruned in the job (`method` + `sparsity`, with its
+                                calibration windows), or an earlier prune job's artifact read back
+    model            0.35-0.40  full forwards of both models on the prompts
+    counterfactual   0.40-0.70  per layer and sublayer, on the dense input; detail "layer i/L"
+                                (skipped for sliced models: their hidden width differs)
+    generation       0.70-0.95  greedy then sampled, both models; detail "greedy step i/N"
+    multiple choice  0.95-1.00  the option-token subspace of the multiple-choice prompts
+
+Stored: the probe points (`GET /v1/jobs/{id}/probes`), and one result `probe_cost_multiple`: the
+time of all probes as a multiple of one dense pass over the same prompts; its protocol has each
+probe's multiple (`cost_multiples`, e.g. the per-layer counterfactual's), the pruning, prompts,
+temperature, timings, and which probes were skipped and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy import select
+from transformers import PreTrainedModel
+
+from app.schemas import ProbeJobCreate
+from app.tables import Artifact, Job, ProbePoint, Result
+from workers.context import JobContext, JobFailure
+from workers.environment import run_environment
+from workers.kinds.prune_steps import (
+    ARTIFACT_KIND,
+    NO_DATASET,
+    apply_method,
+    check_prunable,
+    draw_calibration,
+    lap,
+    result_method,
+)
+from workers.kinds.steps import load_for_job, step_reporter
+from workers.loading import LoadedModel, ModelLoadError, load_copy
+from workers.probing import (
+    BUILTIN_PROMPTS,
+    ProbePrompt,
+    ProbeRecord,
+    ProbeStopped,
+    counterfactual_probe,
+    generation_probe,
+    mc_subspace_probe,
+    model_probe,
+)
+from workers.pruning import PRUNED_ARTIFACT_KIND, load_pruned
+from workers.slicing.adapters import match_structure
+from workers.slicing.artifacts import load_sliced
+from workers.slicing.engine import SlicingReport
+
+LOAD_END = 0.05
+PRUNE_END = 0.35
+MODEL_END = 0.40
+COUNTERFACTUAL_END = 0.70
+GENERATION_END = 0.95
+
+
+@dataclass
+class PrunedModel:
+    """The pruned side of a probe and where it came from."""
+
+    model: PreTrainedModel
+    method: str  # as stored in results, pattern included ("wanda-2:4")
+    sparsity: float
+    layer_map: list[int | None]  # dense block i -> its index in `model`; None: removed
+    report: dict[str, Any]  # the slicing or pruning report
+    origin: dict[str, Any]  # {"pruned_in_job": True} or the artifact job, kind and path
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run(context: JobContext) -> None:
+    spec = ProbeJobCreate.model_validate(context.request)
+    started = time.perf_counter()
+    context.report("loading model", 0.0, spec.model)
+    source, dense = load_for_job(context, spec)
+    dense_module: torch.nn.Module = dense.model
+    environment = run_environment(dense.device)
+    context.set_environment(environment)
+    timings = {"load_s": lap(started)}
+
+    pruned = (
+        pruned_from_artifact(context, spec, dense)
+        if spec.artifact_job_id is not None
+        else pruned_in_job(context, spec, dense)
+    )
+    timings.update(pruned.timings)
+    prompts = (
+        [ProbePrompt(p.text, tuple(p.options) if p.options else None) for p in spec.prompts]
+        if spec.prompts
+        else list(BUILTIN_PROMPTS)
+    )
+    input_ids = [tokenize(dense, prompt.text) for prompt in prompts]
+
+    records: list[ProbeRecord] = []
+    skipped: dict[str, str] = {}
+    lap_started = time.perf_counter()
+    context.report("model", PRUNE_END, f"{len(prompts)} prompts")
+    records += model_probe(dense.model, pruned.model, input_ids, temperature=spec.temperature)
+    timings["model_probe_s"] = lap(lap_started)
+    timings["dense_pass_s"] = time_dense_pass(dense_module, input_ids)
+
+    lap_started = time.perf_counter()
+    context.report("counterfactual", MODEL_END, "layer 0")
+    try:
+        records += run_probe(
+            context,
+            counterfactual_probe,
+            dense.model,
+            pruned.model,
+            pruned.layer_map,
+            input_ids,
+            temperature=spec.temperature,
+            sublayers=tuple(spec.sublayers),
+            progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "layer"),
+        )
+    except ValueError as error:  # a sliced model's width differs: no per-layer counterfactual
+        skipped["counterfactual"] = str(error)
+        context.log.info("counterfactual skipped", reason=str(error))
+    timings["counterfactual_s"] = lap(lap_started)
+
+    if spec.generation is None:
+        skipped["generation"] = "not requested (generation: null)"
+    else:
+        lap_started = time.perf_counter()
+        records += run_probe(
+            context,
+            generation_probe,
+            dense.model,
+            pruned.model,
+            pruned.layer_map,
+            input_ids,
+            max_new_tokens=spec.generation.max_new_tokens,
+            temperature=spec.temperature,
+            seed=spec.seed if spec.generation.seed is None else spec.generation.seed,
+            progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "step"),
+        )
+        timings["generation_s"] = lap(lap_started)
+
+    choice_prompts = [prompt for prompt in prompts if prompt.options]
+    if choice_prompts:
+        lap_started = time.perf_counter()
+        context.report("multiple choice", GENERATION_END, f"{len(choice_prompts)} prompts")
+        records += mc_subspace_probe(
+            dense.model, pruned.model, dense.tokenizer, choice_prompts, temperature=spec.temperature
+        )
+        timings["mc_subspace_s"] = lap(lap_started)
+    else:
+        skipped["mc-subspace"] = "no prompt has options"
+    timings["total_s"] = lap(started)
+
+    multiples = cost_multiples(timings)
+    context.add_probe_points([ProbePoint(**asdict(record)) for record in records])
+    context.add_results(
+        [
+            Result(
+                model_id=source.model_id,
+                model_revision=dense.revision,
+                method=pruned.method,
+                sparsity=pruned.sparsity,
+                metric="probe_cost_multiple",
+                dataset=NO_DATASET,
+                value=multiples["all_probes"],
+                n=len(records),
+                source="measured",
+                protocol={
+                    "what": "time of all probes / one dense forward over the same prompts",
+                    "cost_multiples": multiples,
+                    "prompts": len(prompts),
+                    "prompt_tokens": sum(int(ids.numel()) for ids in input_ids),
+                    "prompts_sha256": prompts_sha256(prompts),
+                    "builtin_prompts": not spec.prompts,
+                    "temperature": spec.temperature,
+                    "sublayers": list(spec.sublayers),
+                    "generation": None if spec.generation is None else spec.generation.model_dump(),
+                    "skipped": skipped,
+                    "pruning": pruned.report,
+                    "origin": pruned.origin,
+                    "timings": timings,
+                    "dtype": str(dense.dtype).removeprefix("torch."),
+                    "seed": spec.seed,
+                    **environment,
+                },
+            )
+        ]
+    )
+    context.log.info(
+        "probe finished", points=len(records), cost_multiples=multiples, skipped=sorted(skipped), **timings
+    )
+
+
+def cost_multiples(timings: dict[str, float]) -> dict[str, float]:
+    """Each probe's time, and all of them together, as a multiple of one dense pass."""
+    unit = max(timings["dense_pass_s"], 1e-9)
+    probes = {
+        name: timings[f"{name}_s"] / unit
+        for name in ("model_probe", "counterfactual", "generation", "mc_subspace")
+        if f"{name}_s" in timings
+    }
+    return {
+        **{name: round(value, 3) for name, value in probes.items()},
+        "all_probes": round(sum(probes.values()), 3),
+    }
+
+
+def run_probe(context: JobContext, probe: Any, *args: Any, **kwargs: Any) -> list[ProbeRecord]:
+    """Call a probe that stops at safe points; a stop becomes the job's stop."""
+    try:
+        records: list[ProbeRecord] = probe(*args, should_stop=context.should_stop, **kwargs)
+    except ProbeStopped:
+        context.check_stop()
+        raise
+    return records
+
+
+def pruned_in_job(context: JobContext, spec: ProbeJobCreate, dense: LoadedModel) -> PrunedModel:
+    """A second copy of the dense model, pruned here with the request's method and sparsity."""
+    assert spec.method is not None and spec.sparsity is not None
+    check_prunable(dense.model, spec.method)
+    started = time.perf_counter()
+    context.report("pruning", LOAD_END, "second copy of the model")
+    try:
+        copy = load_copy(dense)
+    except ModelLoadError as error:
+        raise JobFailure(str(error)) from error
+    calibration, record = draw_calibration(context, copy, spec.calibration, spec.seed, spec.method)
+    report = apply_method(
+        context,
+        copy.model,
+        spec.method,
+        spec.sparsity,
+        calibration,
+        pattern=spec.pattern,
+        round_to=spec.round_to,
+        batch_size=spec.calibration.batch_size,
+        device=copy.device,
+        start=LOAD_END,
+        end=PRUNE_END,
+    )
+    layer_map: list[int | None] = (
+        list(range(block_count(dense.model))) if isinstance(report, SlicingReport) else list(report.layer_map)
+    )
+    return PrunedModel(
+        model=copy.model,
+        method=result_method(spec.method, spec.pattern),
+        sparsity=spec.sparsity,
+        layer_map=layer_map,
+        report={**report.to_dict(), "calibration": record},
+        origin={"pruned_in_job": True},
+        timings={"pruning_s": lap(started)},
+    )
+
+
+def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: LoadedModel) -> PrunedModel:
+    """The model an earlier prune job saved (checked at submit; checked again here, since the
+    artifact volume may have changed since)."""
+    started = time.perf_counter()
+    context.report("pruning", LOAD_END, f"artifact of job {spec.artifact_job_id}")
+    with context.store.session() as session:
+        job = session.get(Job, spec.artifact_job_id)
+        artifact = session.scalars(
+            select(Artifact).where(Artifact.job_id == spec.artifact_job_id).order_by(Artifact.id.desc())
+        ).first()
+        request = dict(job.request) if job is not None else {}
+    if artifact is None:
+        raise JobFailure(f"job {spec.artifact_job_id} has no saved model to probe (save_artifact was off?)")
+    folder = Path(artifact.path)
+    if not folder.is_dir():
+        raise JobFailure(f"the artifact folder {folder} of job {spec.artifact_job_id} is gone")
+    method = result_method(str(request.get("method")), str(request.get("pattern", "unstructured")))
+    sparsity = float(request.get("sparsity", 0.0))
+    origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
+    try:
+        if artifact.kind == ARTIFACT_KIND:
+            model = load_sliced(folder, device=dense.device)
+            report: dict[str, Any] = {"slicing_config": str(folder / "slicing_config.json")}
+            layer_map: list[int | None] = list(range(block_count(dense.model)))
+        elif artifact.kind == PRUNED_ARTIFACT_KIND:
+            model, report = load_pruned(folder)
+            layer_map = list(report["layer_map"])
+        else:
+            raise JobFailure(f"artifact kind {artifact.kind!r} cannot be probed")
+    except (OSError, ValueError, KeyError) as error:
+        raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
+    as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
+    as_module.to(device=dense.device, dtype=dense.dtype).eval()
+    return PrunedModel(model, method, sparsity, layer_map, report, origin, {"load_pruned_s": lap(started)})
+
+
+def block_count(model: PreTrainedModel) -> int:
+    return len(match_structure(model).blocks(model))
+
+
+def tokenize(loaded: LoadedModel, text: str) -> torch.Tensor:
+    """A prompt's token ids (1-D), cut to the model's context length."""
+    ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0]  # (T,)
+    limit = int(getattr(loaded.model.config, "max_position_embeddings", 0) or ids.numel())
+    return ids[:limit].to(loaded.device)
+
+
+@torch.no_grad()
+def time_dense_pass(model: torch.nn.Module, input_ids: list[torch.Tensor]) -> float:
+    """Seconds of one dense forward over the prompts (the probe's cost unit); best of two."""
+    best = float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        for ids in input_ids:
+            model(input_ids=ids[None], use_cache=False)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def prompts_sha256(prompts: list[ProbePrompt]) -> str:
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        digest.update(prompt.text.encode())
+        digest.update(b"\0" + "\x1f".join(prompt.options or ()).encode() + b"\0")
+    return digest.hexdigest()

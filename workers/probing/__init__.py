@@ -1,0 +1,32 @@
+"""Deviation probing (science.md §3): where and how much a pruned model departs from its dense
+original, in the embedding, logits and probability spaces.
+
+- `counterfactual_probe`: per layer, prune only one sublayer (attention, MLP, whole block) on the
+  dense input; one dense pass plus one block forward per layer and sublayer.
+- `model_probe`: the whole pruned model against the whole dense one.
+- `generation_probe`: greedy and sampled generation, each model on its own trajectory, per step.
+- `mc_subspace_probe`: multiple-choice prompts, full vocabulary versus the option tokens.
+
+The math lives in `workers.probing.deviation`; KL is always KL(dense || pruned), summed over the
+vocabulary, in nats.
+"""
+
+from workers.probing.counterfactual import SUBLAYERS, counterfactual_probe
+from workers.probing.endpoint import mc_subspace_probe, model_probe, option_token_ids
+from workers.probing.generation import generate_tokens, generation_probe
+from workers.probing.prompts import BUILTIN_PROMPTS, ProbePrompt
+from workers.probing.records import ProbeRecord, ProbeStopped
+
+__all__ = [
+    "BUILTIN_PROMPTS",
+    "SUBLAYERS",
+    "ProbePrompt",
+    "ProbeRecord",
+    "ProbeStopped",
+    "counterfactual_probe",
+    "generate_tokens",
+    "generation_probe",
+    "mc_subspace_probe",
+    "model_probe",
+    "option_token_ids",
+]

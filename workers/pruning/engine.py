@@ -1,0 +1,278 @@
+"""`prune_model`: one entry point for every pruner besides SliceGPT, and the report it returns.
+
+Intra-layer methods zero individual weights of every block linear (embeddings and head stay dense):
+"magnitude" (no data), "wanda" and "sparsegpt" (calibrated block by block), each with pattern
+"unstructured" (floor(sparsity * in) per output row) or N:M ("2:4", "4:8": N of every M input
+columns per row, so sparsity must be N / M). Drop methods remove whole pieces of n = round(sparsity
+* L) layers: "attention-drop" and "mlp-drop" (one branch per layer, see layer_drop) and "shortgpt"
+(whole blocks, see shortgpt). Everything happens in place on the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from workers.block_inputs import home_device
+from workers.pruning import layer_drop, shortgpt
+from workers.pruning.linears import block_linears, prunable_counts, weight_out_in
+from workers.pruning.magnitude import prune_linear_by_magnitude
+from workers.pruning.masks import PATTERNS, UNSTRUCTURED, pattern_sparsity
+from workers.pruning.sequential import prune_sequentially
+from workers.pruning.sparsegpt import HessianAccumulator, sparsegpt_prune
+from workers.pruning.stream import (
+    ProgressCallback,
+    StopCheck,
+    capture,
+    check_calibration,
+    walk_blocks,
+)
+from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
+from workers.slicing.adapters import FamilyAdapter, match_structure
+
+INTRA_LAYER_METHODS = ("magnitude", "wanda", "sparsegpt")
+DROP_METHODS = ("attention-drop", "mlp-drop", "shortgpt")
+METHODS = INTRA_LAYER_METHODS + DROP_METHODS
+CALIBRATED_METHODS = tuple(method for method in METHODS if method != "magnitude")
+
+
+@dataclass
+class PruningReport:
+    """What pruning did, for the job's results and the artifact's prunecast_pruning.json."""
+
+    method: str
+    pattern: str | None  # None for drop methods
+    sparsity: float  # as requested: fraction of weights per row (intra-layer) or of layers (drops)
+    achieved_sparsity: float  # measured: zeroed prunable weights / prunable weights, or dropped / L
+    params_before: int  # unique parameters of the dense model (a tied head counted once)
+    params_after: int  # intra-layer: minus zero weights; drops: parameters of what remains
+    num_layers: int  # L of the dense model
+    dropped_layers: list[int] = field(default_factory=list)  # dense indices, ascending
+    layer_map: list[int | None] = field(default_factory=list)  # dense index -> pruned index (None: removed)
+    scores: list[float] = field(default_factory=list)  # per dense layer: cosine or BI; empty intra-layer
+    family: str = ""  # adapter that recognised the structure
+    calibration_tokens: int = 0  # unpadded tokens the statistics saw (0 for magnitude)
+
+    @property
+    def param_fraction_removed(self) -> float:
+        """1 - after / before."""
+        return 1.0 - self.params_after / self.params_before
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["param_fraction_removed"] = self.param_fraction_removed
+        return data
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (shared ones counted once)."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def layers_to_drop(sparsity: float, num_layers: int) -> int:
+    """n = round(sparsity * L) for drop methods (Python's round: halves go to the even integer, as in
+    app.pruning.layers_dropped); raises ValueError unless 0 <= n < L."""
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity for a drop method is the fraction of layers, in [0, 1); got {sparsity}")
+    count = round(sparsity * num_layers)
+    if count >= num_layers:
+        raise ValueError(
+            f"sparsity {sparsity} drops {count} of {num_layers} layers, leaving none; pass a sparsity below "
+            f"{(num_layers - 0.5) / num_layers:.4g}"
+        )
+    return count
+
+
+def validate(method: str, sparsity: float, pattern: str | None) -> str | None:
+    """The pattern to use (None for drops); raises ValueError with the fix for bad combinations."""
+    if method not in METHODS:
+        raise ValueError(f"unknown pruning method {method!r}; use one of: {', '.join(METHODS)}")
+    if not isinstance(sparsity, int | float) or math.isnan(sparsity):
+        raise ValueError(f"sparsity must be a number, got {sparsity!r}")
+    if method in DROP_METHODS:
+        if pattern not in (None, UNSTRUCTURED):
+            raise ValueError(
+                f"method {method!r} drops whole layers and takes no sparsity pattern; got pattern "
+                f"{pattern!r}: leave pattern unset or use an intra-layer method "
+                f"({', '.join(INTRA_LAYER_METHODS)})"
+            )
+        return None
+    pattern = UNSTRUCTURED if pattern is None else pattern
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown sparsity pattern {pattern!r}; use one of: {', '.join(PATTERNS)}")
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity is the fraction of weights to zero, in [0, 1); got {sparsity}")
+    required = pattern_sparsity(pattern)
+    if required is not None and abs(sparsity - required) > 1e-9:
+        raise ValueError(
+            f"pattern {pattern} zeroes exactly {required:g} of the weights; pass sparsity={required:g} "
+            "or use pattern 'unstructured'"
+        )
+    return pattern
+
+
+@torch.no_grad()
+def prune_model(
+    model: PreTrainedModel,
+    method: str,
+    sparsity: float,
+    *,
+    pattern: str | None = UNSTRUCTURED,
+    calibration_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    batch_size: int = 8,
+    device: torch.device | str | None = None,
+    progress: ProgressCallback | None = None,
+    should_stop: StopCheck | None = None,
+) -> PruningReport:
+    """Prune `model` in place with `method` at `sparsity`; return what was done.
+
+    `calibration_ids` (N, T) and `attention_mask` (N, T, 1 = real token; None: all real) are
+    required for every method but magnitude; padded positions never enter a statistic. Only the
+    block being worked on moves to `device` (default: where the model is). `progress(done, L)` is
+    called with 0 first and after each block; `should_stop()` is checked before each block and
+    raises PruningStopped (the partly pruned model must be discarded). Bad arguments raise
+    ValueError saying what to change; unrecognised models raise UnsupportedArchitectureError.
+    """
+    pattern = validate(method, sparsity, pattern)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    adapter = match_structure(model)
+    blocks = adapter.blocks(model)
+    num_layers = len(blocks)
+    drop_count = layers_to_drop(sparsity, num_layers) if method in DROP_METHODS else 0
+    keep: torch.Tensor | None = None
+    if method in CALIBRATED_METHODS:
+        if calibration_ids is None:
+            raise ValueError(
+                f"method {method!r} needs calibration_ids (N, T); only 'magnitude' runs without data"
+            )
+        keep = check_calibration(calibration_ids, attention_mask)
+
+    model.eval()
+    home = home_device(model)
+    compute = torch.device(device) if device is not None else home
+    params_before = count_parameters(model)
+    report = PruningReport(
+        method=method,
+        pattern=pattern,
+        sparsity=float(sparsity),
+        achieved_sparsity=0.0,
+        params_before=params_before,
+        params_after=params_before,
+        num_layers=num_layers,
+        layer_map=list(range(num_layers)),
+        family=adapter.name,
+        calibration_tokens=0 if keep is None else int(keep.sum()),
+    )
+
+    if method == "magnitude":
+        assert pattern is not None
+        _prune_by_magnitude(adapter, blocks, sparsity, pattern, compute, home, progress, should_stop)
+    else:
+        assert calibration_ids is not None and keep is not None
+        batches = capture(model, adapter, calibration_ids, keep, batch_size, compute, home)
+        if method in INTRA_LAYER_METHODS:
+            assert pattern is not None
+            _prune_calibrated(
+                adapter, blocks, batches, method, sparsity, pattern, compute, progress, should_stop
+            )
+        elif method == "shortgpt":
+            influence = shortgpt.block_influence(
+                blocks, batches, compute=compute, progress=progress, should_stop=should_stop
+            )
+            batches.clear()
+            report.scores = influence
+            report.dropped_layers = shortgpt.choose_removed(influence, drop_count)
+            report.layer_map = shortgpt.remove_blocks(model, adapter, report.dropped_layers)
+        else:
+            branch = "attention" if method == "attention-drop" else "mlp"
+            both = layer_drop.branch_cosines(
+                adapter, blocks, batches, compute=compute, progress=progress, should_stop=should_stop
+            )
+            batches.clear()
+            report.scores = both.attention if branch == "attention" else both.mlp
+            report.dropped_layers = layer_drop.choose_dropped(report.scores, drop_count)
+            removed: dict[int, torch.nn.Parameter] = {}
+            for index in report.dropped_layers:
+                layer_drop.zero_branch(adapter, blocks[index], branch)
+                for parameter in layer_drop.branch_parameters(adapter, blocks[index], branch):
+                    removed[id(parameter)] = parameter
+            report.params_after = params_before - sum(parameter.numel() for parameter in removed.values())
+
+    if method in INTRA_LAYER_METHODS:
+        total, zeros = prunable_counts(adapter, model)
+        report.achieved_sparsity = zeros / total
+        report.params_after = params_before - zeros
+    else:
+        report.achieved_sparsity = len(report.dropped_layers) / num_layers
+        if method == "shortgpt":
+            report.params_after = count_parameters(model)
+    return report
+
+
+def _prune_by_magnitude(
+    adapter: FamilyAdapter,
+    blocks: torch.nn.ModuleList,
+    sparsity: float,
+    pattern: str,
+    compute: torch.device,
+    home: torch.device,
+    progress: ProgressCallback | None,
+    should_stop: StopCheck | None,
+) -> None:
+    for _, block in walk_blocks(
+        blocks, compute=compute, home=home, progress=progress, should_stop=should_stop
+    ):
+        for _, module in block_linears(adapter, block):
+            prune_linear_by_magnitude(module, sparsity, pattern)
+
+
+def _prune_calibrated(
+    adapter: FamilyAdapter,
+    blocks: torch.nn.ModuleList,
+    batches: list[Any],
+    method: str,
+    sparsity: float,
+    pattern: str,
+    compute: torch.device,
+    progress: ProgressCallback | None,
+    should_stop: StopCheck | None,
+) -> None:
+    if method == "wanda":
+
+        def prune_wanda(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
+            return prune_linear_by_wanda(module, statistic, sparsity, pattern)
+
+        prune_sequentially(
+            adapter,
+            blocks,
+            batches,
+            FeatureSquares,
+            prune_wanda,
+            compute=compute,
+            progress=progress,
+            should_stop=should_stop,
+        )
+        return
+
+    def prune_sparsegpt(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
+        weight = weight_out_in(module)  # (out, in), a view of the stored parameter
+        new_weight, mask = sparsegpt_prune(weight, statistic.matrix, sparsity, pattern)
+        weight.copy_(new_weight)
+        return mask
+
+    prune_sequentially(
+        adapter,
+        blocks,
+        batches,
+        HessianAccumulator,
+        prune_sparsegpt,
+        compute=compute,
+        progress=progress,
+        should_stop=should_stop,
+    )

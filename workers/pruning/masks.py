@@ -1,0 +1,68 @@
+"""Which weights to zero, given a score per weight (lowest scores go first).
+
+Patterns:
+- "unstructured": in each output row, exactly floor(sparsity * in) weights with the lowest scores
+  (per-row comparison groups, as in the Wanda paper; magnitude uses the same groups);
+- "N:M" ("2:4", "4:8"): in each output row, N of every M consecutive input columns, so the
+  sparsity is exactly N / M (the layout sparse tensor cores accelerate).
+
+Ties are broken by torch.topk; the count per group is always exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+UNSTRUCTURED = "unstructured"
+PATTERNS: tuple[str, ...] = (UNSTRUCTURED, "2:4", "4:8")
+
+
+def parse_pattern(pattern: str) -> tuple[int, int] | None:
+    """(N, M) for an N:M pattern, None for unstructured. Raises ValueError naming the choices."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown sparsity pattern {pattern!r}; use one of: {', '.join(PATTERNS)}")
+    if pattern == UNSTRUCTURED:
+        return None
+    n, m = (int(part) for part in pattern.split(":"))
+    return n, m
+
+
+def pattern_sparsity(pattern: str) -> float | None:
+    """N / M for an N:M pattern (the only sparsity it can have), None for unstructured."""
+    n_m = parse_pattern(pattern)
+    return None if n_m is None else n_m[0] / n_m[1]
+
+
+def unstructured_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """True where a weight is pruned: the floor(sparsity * in) lowest scores of each row."""
+    rows, columns = scores.shape  # (out, in)
+    pruned = math.floor(sparsity * columns + 1e-9)  # tolerate 0.3 * 10 = 2.9999999999999996
+    mask = torch.zeros(rows, columns, dtype=torch.bool, device=scores.device)  # (out, in)
+    if pruned > 0:
+        lowest = torch.topk(scores, pruned, dim=1, largest=False).indices  # (out, pruned)
+        mask.scatter_(1, lowest, True)
+    return mask
+
+
+def n_m_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """True where a weight is pruned: the n lowest scores of every m consecutive input columns."""
+    rows, columns = scores.shape  # (out, in)
+    if columns % m:
+        raise ValueError(
+            f"an {n}:{m} pattern needs the input width to be a multiple of {m}; this linear has "
+            f"{columns} input columns; use pattern 'unstructured' for it"
+        )
+    groups = scores.reshape(rows, columns // m, m)  # (out, in / m, m)
+    lowest = torch.topk(groups, n, dim=2, largest=False).indices  # (out, in / m, n)
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, lowest, True)  # (out, in / m, m)
+    return mask.reshape(rows, columns)
+
+
+def select_mask(scores: torch.Tensor, sparsity: float, pattern: str) -> torch.Tensor:
+    """The prune mask (out, in) for `pattern`; N:M ignores `sparsity` (validated elsewhere as N/M)."""
+    n_m = parse_pattern(pattern)
+    if n_m is None:
+        return unstructured_mask(scores, sparsity)
+    return n_m_mask(scores, *n_m)
