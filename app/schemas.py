@@ -150,6 +150,17 @@ class CalibrationSpec(StrictModel):
 
 PruneMethod = Literal["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
 PRUNE_METHODS: tuple[str, ...] = get_args(PruneMethod)
+# The method names results are stored under: an N:M pattern is part of the name
+# (workers.kinds.prune_steps.result_method), so curves and predictions never mix patterns.
+StoredMethod = Literal[
+    PruneMethod,
+    "magnitude-2:4",
+    "magnitude-4:8",
+    "wanda-2:4",
+    "wanda-4:8",
+    "sparsegpt-2:4",
+    "sparsegpt-4:8",
+]
 INTRA_LAYER_METHODS: tuple[str, ...] = ("magnitude", "wanda", "sparsegpt")
 """Methods that zero a fraction of the weights of every pruned linear (N:M patterns apply)."""
 DROP_METHODS: tuple[str, ...] = ("attention-drop", "mlp-drop", "shortgpt")
@@ -435,6 +446,11 @@ class ProbeJobCreate(ModelSpec):
         description="Generation divergence; on (with its defaults) when omitted, null to skip it.",
     )
 
+    @field_validator("artifact_job_id")
+    @classmethod
+    def _lowercase_id(cls, value: str | None) -> str | None:
+        return None if value is None else value.lower()  # job ids are stored in lowercase
+
     @field_validator("sublayers")
     @classmethod
     def _distinct_sublayers(cls, value: list[str]) -> list[str]:
@@ -701,7 +717,11 @@ class PredictionCreate(StrictModel):
     (then, per metric, only yours are used)."""
 
     model: str = Field(min_length=1, max_length=512, description="Model id as stored in results.")
-    method: PruneMethod = Field("slicegpt", description="Pruning method whose measured points calibrate.")
+    method: StoredMethod = Field(
+        "slicegpt",
+        description="Pruning method whose measured points calibrate, as results store it (an N:M "
+        "pattern appended: `wanda-2:4`).",
+    )
     protocol: ProtocolSelector = Field(default_factory=ProtocolSelector)
     sparsities: list[Sparsity] = Field(
         min_length=1,

@@ -21,12 +21,16 @@ Per pruning, in one process and side by side:
    whether the probability space deviates most, as the research says;
 5. the full-model, generation and multiple-choice probes, summarised.
 
-Writes bench/out/probe_smollm2.json (git-ignored) and prints it.
+Writes bench/out/probe_smollm2.json (git-ignored) and prints it; with --plots, also each pruning's
+points (bench/out/probe_smollm2_<pruning>_points.json) and the service's three probe views of them
+as PNG (bench/out/probe_smollm2_<pruning>_<view>.png), drawn by the same code as
+GET /v1/jobs/{id}/probes/plot.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -49,6 +53,8 @@ import transformers  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.model_sources import resolve_model  # noqa: E402
+from app.probe_plots import NoProbePoints, build_figure, figure_png  # noqa: E402
+from app.schemas import ProbePointPublic  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.loading import load_copy, load_model  # noqa: E402
 from workers.probing import (  # noqa: E402
@@ -77,6 +83,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--plots", action="store_true", help="also write the points and PNG plots")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "probe_smollm2.json")
     return parser.parse_args()
 
@@ -194,6 +201,27 @@ def summarise_other(records: list[ProbeRecord]) -> dict[str, Any]:
     return out
 
 
+def write_plots(folder: Path, name: str, records: list[ProbeRecord]) -> None:
+    """The points as the API returns them, and the three probe views as PNG."""
+    points = [
+        ProbePointPublic(id=index, job_id=f"bench-{name}", **dataclasses.asdict(record))
+        for index, record in enumerate(records, start=1)
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"probe_smollm2_{name}_points.json").write_text(
+        json.dumps([point.model_dump() for point in points])
+    )
+    sublayer = "attention" if name.startswith("attention") else "block"
+    for view in ("layers", "heatmap", "generation"):
+        try:
+            figure = build_figure(
+                view, points, probe=None, sublayer=sublayer, metric="1-cos", title=f"SmolLM2-135M {name}"
+            )
+        except NoProbePoints:
+            continue
+        (folder / f"probe_smollm2_{name}_{view}.png").write_bytes(figure_png(figure))
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -288,6 +316,8 @@ def main() -> None:
             "other": summarise_other(other),
             "points": len(counterfactual) + len(other),
         }
+        if args.plots:
+            write_plots(args.out.parent, name, counterfactual + other)
         del pruned
     result["load_average_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from workers.slicing.families import UnsupportedArchitectureError
+
 if TYPE_CHECKING:  # the adapters import torch-heavy slicing modules; only their type is needed here
     from workers.slicing.adapters import FamilyAdapter
 
@@ -50,6 +52,23 @@ def home_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def mixed_layer_types(model: PreTrainedModel) -> str | None:
+    """Why block 0's call arguments cannot serve every block, or None.
+
+    Models whose layers differ in attention type (`config.layer_types`: Gemma-2/3's sliding and full
+    layers, Qwen2 with sliding layers) give each type its own mask and rotary tables; replaying
+    block 0's would calibrate the other layers on the wrong attention, silently.
+    """
+    layer_types = getattr(model.config, "layer_types", None)
+    if not isinstance(layer_types, list | tuple) or len(set(layer_types)) <= 1:
+        return None
+    return (
+        f"its layers mix attention types ({', '.join(sorted(set(map(str, layer_types))))} in "
+        "config.layer_types); block-by-block calibration replays one layer's masks and rotary tables "
+        "for all layers, so models with mixed layer types are not supported by it yet"
+    )
+
+
 @torch.no_grad()
 def capture_block_inputs(
     model: PreTrainedModel,
@@ -65,6 +84,9 @@ def capture_block_inputs(
     `input_ids` and `keep` are (N, T); batches of `batch_size` rows run on `compute` and what they
     give block 0 is stored on `home`.
     """
+    refusal = mixed_layer_types(model)
+    if refusal is not None:
+        raise UnsupportedArchitectureError(refusal)
     decoder = adapter.decoder(model)
     blocks = adapter.blocks(model)
     # Everything the decoder owns before the blocks (embeddings, rotary tables...) goes to the

@@ -16,7 +16,7 @@ from app.deps import Services, ServicesDep
 from app.laws import DEFAULT_LEVEL
 from app.plots import curve_png, curve_svg
 from app.problems import Problem, ProblemError
-from app.schemas import CurvePublic, PredictMetric, PruneMethod
+from app.schemas import CurvePublic, PredictMetric, StoredMethod
 from app.series import (
     PPL,
     Selector,
@@ -97,7 +97,9 @@ def model_curves(
     task: Annotated[
         str | None, Query(min_length=1, max_length=128, description="Task of `acc` / `acc_norm`.")
     ] = None,
-    method: Annotated[PruneMethod, Query(description="Pruning method of the pruned points.")] = "slicegpt",
+    method: Annotated[
+        StoredMethod, Query(description="Pruning method of the pruned points, as results store it.")
+    ] = "slicegpt",
     dataset: Annotated[Literal["wikitext2"], Query(description="Corpus of `ppl`.")] = "wikitext2",
     seqlen: Annotated[int | None, Query(ge=16, le=131_072, description="Protocol window length.")] = None,
     max_windows: Annotated[

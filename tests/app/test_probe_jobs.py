@@ -126,3 +126,17 @@ def test_probe_of_a_sliced_model_skips_the_per_layer_counterfactual_with_the_rea
     assert {p["space"] for p in all_points(api, job["id"], probe="model")} >= {"logits", "probs"}
     [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
     assert "width" in cost["protocol"]["skipped"]["counterfactual"]
+
+
+def test_options_that_share_their_first_token_fail_the_probe_before_any_pruning(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    body = probe_body(str(tiny_model_dir), prompts=[{"text": "Pick one:", "options": ["10", "100"]}])
+    job = api.post("/v1/jobs", json=body).json()
+    done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
+    assert done["status"] == "failed", worker.output()[-2000:]
+    assert done["error"].startswith("prompts[0]: options ('10', '100') do not start with distinct tokens")
+    assert "give options that differ in their first token" in done["error"]
+    assert done["progress"] < 0.05  # refused before the second copy was pruned
+    assert not all_points(api, job["id"])

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
+from app.schemas import PRUNE_METHODS, StoredMethod
 from tests.app.test_prune_jobs import job_results, prune_body, wait_done
+from workers.kinds.prune_steps import result_method
+from workers.pruning import INTRA_LAYER_METHODS, PATTERNS
 
 
 def test_wanda_2_4_job_stores_its_pattern_in_the_method_and_saves_a_stock_checkpoint(
@@ -75,3 +78,12 @@ def test_magnitude_job_needs_no_calibration_data(
     pruned = job_results(api, job["id"])["magnitude/ppl"]
     assert pruned["protocol"]["calibration"] is None
     assert pruned["protocol"]["pruning"]["achieved_sparsity"] == pytest.approx(0.3, abs=0.02)
+
+
+def test_every_stored_method_name_can_be_asked_for_in_curves_and_predictions() -> None:
+    stored = {
+        result_method(method, pattern)
+        for method in PRUNE_METHODS
+        for pattern in (PATTERNS if method in INTRA_LAYER_METHODS else ("unstructured",))
+    }
+    assert stored == set(get_args(StoredMethod))

@@ -6,9 +6,10 @@ Stages and the share of the job's progress each one covers:
     pruning          0.05-0.35  a second copy pruned in the job (`method` + `sparsity`, with its
                                 calibration windows), or an earlier prune job's artifact read back
     model            0.35-0.40  full forwards of both models on the prompts
-    counterfactual   0.40-0.70  per layer and sublayer, on the dense input; detail "layer i/L"
+    counterfactual   0.40-0.70  per layer and sublayer, on the dense input; detail "prompt-layer i/N"
+                                (N = prompts x layers)
                                 (skipped for sliced models: their hidden width differs)
-    generation       0.70-0.95  greedy then sampled, both models; detail "greedy step i/N"
+    generation       0.70-0.95  greedy then sampled, both models; detail "prompt-step i/N"
     multiple choice  0.95-1.00  the option-token subspace of the multiple-choice prompts
 
 Stored: the probe points (`GET /v1/jobs/{id}/probes`), and one result `probe_cost_multiple`: the
@@ -50,13 +51,15 @@ from workers.probing import (
     ProbeRecord,
     ProbeStopped,
     counterfactual_probe,
+    counterfactual_unavailable,
     generation_probe,
     mc_subspace_probe,
     model_probe,
+    option_token_ids,
 )
 from workers.pruning import PRUNED_ARTIFACT_KIND, load_pruned
 from workers.slicing.adapters import match_structure
-from workers.slicing.artifacts import load_sliced
+from workers.slicing.artifacts import load_sliced, read_slicing_config
 from workers.slicing.engine import SlicingReport
 
 LOAD_END = 0.05
@@ -88,6 +91,14 @@ def run(context: JobContext) -> None:
     environment = run_environment(dense.device)
     context.set_environment(environment)
     timings = {"load_s": lap(started)}
+    prompts = (
+        [ProbePrompt(p.text, tuple(p.options) if p.options else None) for p in spec.prompts]
+        if spec.prompts
+        else list(BUILTIN_PROMPTS)
+    )
+    check_options(dense, prompts)  # before any pruning: a bad prompt fails the job at once
+    new_tokens = 0 if spec.generation is None else spec.generation.max_new_tokens
+    input_ids = [tokenize(dense, prompt.text, room=new_tokens) for prompt in prompts]
 
     pruned = (
         pruned_from_artifact(context, spec, dense)
@@ -95,12 +106,6 @@ def run(context: JobContext) -> None:
         else pruned_in_job(context, spec, dense)
     )
     timings.update(pruned.timings)
-    prompts = (
-        [ProbePrompt(p.text, tuple(p.options) if p.options else None) for p in spec.prompts]
-        if spec.prompts
-        else list(BUILTIN_PROMPTS)
-    )
-    input_ids = [tokenize(dense, prompt.text) for prompt in prompts]
 
     records: list[ProbeRecord] = []
     skipped: dict[str, str] = {}
@@ -110,9 +115,13 @@ def run(context: JobContext) -> None:
     timings["model_probe_s"] = lap(lap_started)
     timings["dense_pass_s"] = time_dense_pass(dense_module, input_ids)
 
-    lap_started = time.perf_counter()
-    context.report("counterfactual", MODEL_END, "layer 0")
-    try:
+    unavailable = counterfactual_unavailable(dense.model, pruned.model)
+    if unavailable is not None:  # a sliced model: another width and basis
+        skipped["counterfactual"] = unavailable
+        context.log.info("counterfactual skipped", reason=unavailable)
+    else:
+        lap_started = time.perf_counter()
+        context.report("counterfactual", MODEL_END, "prompt-layer 0")
         records += run_probe(
             context,
             counterfactual_probe,
@@ -122,12 +131,9 @@ def run(context: JobContext) -> None:
             input_ids,
             temperature=spec.temperature,
             sublayers=tuple(spec.sublayers),
-            progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "layer"),
+            progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
         )
-    except ValueError as error:  # a sliced model's width differs: no per-layer counterfactual
-        skipped["counterfactual"] = str(error)
-        context.log.info("counterfactual skipped", reason=str(error))
-    timings["counterfactual_s"] = lap(lap_started)
+        timings["counterfactual_s"] = lap(lap_started)
 
     if spec.generation is None:
         skipped["generation"] = "not requested (generation: null)"
@@ -142,8 +148,8 @@ def run(context: JobContext) -> None:
             input_ids,
             max_new_tokens=spec.generation.max_new_tokens,
             temperature=spec.temperature,
-            seed=spec.seed if spec.generation.seed is None else spec.generation.seed,
-            progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "step"),
+            seed=spec.sampling_seed,
+            progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "prompt-step"),
         )
         timings["generation_s"] = lap(lap_started)
 
@@ -283,7 +289,7 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     try:
         if artifact.kind == ARTIFACT_KIND:
             model = load_sliced(folder, device=dense.device)
-            report: dict[str, Any] = {"slicing_config": str(folder / "slicing_config.json")}
+            report: dict[str, Any] = read_slicing_config(folder)
             layer_map: list[int | None] = list(range(block_count(dense.model)))
         elif artifact.kind == PRUNED_ARTIFACT_KIND:
             model, report = load_pruned(folder)
@@ -292,30 +298,68 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
             raise JobFailure(f"artifact kind {artifact.kind!r} cannot be probed")
     except (OSError, ValueError, KeyError) as error:
         raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
+    check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)
     as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
     as_module.to(device=dense.device, dtype=dense.dtype).eval()
     return PrunedModel(model, method, sparsity, layer_map, report, origin, {"load_pruned_s": lap(started)})
+
+
+def check_options(dense: LoadedModel, prompts: list[ProbePrompt]) -> None:
+    """Every multiple-choice prompt's options must start with distinct tokens (the subspace)."""
+    for index, prompt in enumerate(prompts):
+        if prompt.options:
+            try:
+                option_token_ids(dense.tokenizer, prompt.options)
+            except ValueError as error:
+                raise JobFailure(
+                    f"prompts[{index}]: {error}; give options that differ in their first token"
+                ) from error
+
+
+def check_same_weights(
+    dense: LoadedModel, pruned: PreTrainedModel, revision: str | None, artifact_job_id: str | None
+) -> None:
+    """The dense model must be the one the artifact was pruned from, in the artifact's dtype: else
+    unchanged weights would differ by rounding or revision and show up as pruning deviation."""
+    if revision is not None and dense.revision is not None and revision != dense.revision:
+        raise JobFailure(
+            f"the artifact of job {artifact_job_id} was pruned from revision {revision}, but this probe "
+            f"loaded revision {dense.revision}; set `revision` to {revision!r}"
+        )
+    stored = next(pruned.parameters()).dtype
+    if stored != dense.dtype:
+        name = str(stored).removeprefix("torch.")
+        raise JobFailure(
+            f"the artifact of job {artifact_job_id} holds {name} weights and the dense model was loaded "
+            f"as {str(dense.dtype).removeprefix('torch.')}; set `dtype` to {name!r} so that unchanged "
+            "weights compare equal"
+        )
 
 
 def block_count(model: PreTrainedModel) -> int:
     return len(match_structure(model).blocks(model))
 
 
-def tokenize(loaded: LoadedModel, text: str) -> torch.Tensor:
-    """A prompt's token ids (1-D), cut to the model's context length."""
+def tokenize(loaded: LoadedModel, text: str, *, room: int = 0) -> torch.Tensor:
+    """A prompt's token ids (1-D), cut so that `room` generated tokens still fit the context."""
     ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0]  # (T,)
-    limit = int(getattr(loaded.model.config, "max_position_embeddings", 0) or ids.numel())
-    return ids[:limit].to(loaded.device)
+    context = int(getattr(loaded.model.config, "max_position_embeddings", 0) or 0)
+    if context and ids.numel() + room > context:
+        ids = ids[: max(context - room, 1)]
+    return ids.to(loaded.device)
 
 
 @torch.no_grad()
 def time_dense_pass(model: torch.nn.Module, input_ids: list[torch.Tensor]) -> float:
     """Seconds of one dense forward over the prompts (the probe's cost unit); best of two."""
     best = float("inf")
+    synchronize = torch.cuda.synchronize if input_ids and input_ids[0].is_cuda else (lambda: None)
     for _ in range(2):
+        synchronize()
         started = time.perf_counter()
         for ids in input_ids:
             model(input_ids=ids[None], use_cache=False)
+        synchronize()
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -11,7 +11,7 @@ The math lives in `workers.probing.deviation`; KL is always KL(dense || pruned),
 vocabulary, in nats.
 """
 
-from workers.probing.counterfactual import SUBLAYERS, counterfactual_probe
+from workers.probing.counterfactual import SUBLAYERS, counterfactual_probe, counterfactual_unavailable
 from workers.probing.endpoint import mc_subspace_probe, model_probe, option_token_ids
 from workers.probing.generation import generate_tokens, generation_probe
 from workers.probing.prompts import BUILTIN_PROMPTS, ProbePrompt
@@ -24,6 +24,7 @@ __all__ = [
     "ProbeRecord",
     "ProbeStopped",
     "counterfactual_probe",
+    "counterfactual_unavailable",
     "generate_tokens",
     "generation_probe",
     "mc_subspace_probe",

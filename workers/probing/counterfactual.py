@@ -171,6 +171,18 @@ def check_layer_map(layer_map: Sequence[int | None], dense_blocks: int, pruned_b
             )
 
 
+def counterfactual_unavailable(dense: nn.Module, pruned: nn.Module) -> str | None:
+    """Why the per-layer counterfactual cannot compare these two models (a SliceGPT model's stream
+    has another width and basis), or None when it can."""
+    adapter, _ = family_adapters(dense, pruned)
+    reason = residual_mismatch(adapter, dense, pruned)
+    return (
+        None
+        if reason is None
+        else f"per-layer counterfactual needs equal hidden widths in one basis: {reason}"
+    )
+
+
 @torch.no_grad()
 def counterfactual_probe(
     dense: nn.Module,

@@ -47,8 +47,8 @@ def choose_token(logits: torch.Tensor, uniform: float | None, temperature: float
     if uniform is None:
         return int(logits.argmax())
     cumulative = torch.softmax(logits.double().cpu() / temperature, dim=-1).cumsum(dim=-1)  # (V,)
-    index = torch.searchsorted(
-        cumulative, torch.tensor([uniform * float(cumulative[-1])], dtype=torch.float64)
+    index = torch.searchsorted(  # right=True: a zero-probability token is never picked
+        cumulative, torch.tensor([uniform * float(cumulative[-1])], dtype=torch.float64), right=True
     )
     return min(int(index), logits.numel() - 1)
 

@@ -145,6 +145,8 @@ def prune_model(
     blocks = adapter.blocks(model)
     num_layers = len(blocks)
     drop_count = layers_to_drop(sparsity, num_layers) if method in DROP_METHODS else 0
+    if method == "shortgpt" and (reason := shortgpt.renumbering_refusal(model)) is not None:
+        raise ValueError(reason)
     keep: torch.Tensor | None = None
     if method in CALIBRATED_METHODS:
         if calibration_ids is None:

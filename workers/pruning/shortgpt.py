@@ -48,6 +48,23 @@ def block_influence(
     return influence
 
 
+# Config flags under which a block computes something that depends on its index: renumbering the
+# kept blocks after a removal would change them when the saved checkpoint is loaded again.
+INDEX_DEPENDENT_FLAGS = ("scale_attn_by_inverse_layer_idx",)  # GPT-2: attention scaled by 1/(i + 1)
+
+
+def renumbering_refusal(model: PreTrainedModel) -> str | None:
+    """Why removing blocks from this model cannot give a stock checkpoint with the same function."""
+    for flag in INDEX_DEPENDENT_FLAGS:
+        if getattr(model.config, flag, False):
+            return (
+                f"shortgpt cannot remove blocks from a model with config.{flag} set: its blocks compute "
+                "with their own index, so the kept blocks, renumbered, would compute something else once "
+                "saved and loaded again; use attention-drop or mlp-drop, which keep the layer count"
+            )
+    return None
+
+
 def choose_removed(influence: list[float], count: int) -> list[int]:
     """The `count` blocks with the lowest BI (ties: the later block first), ascending."""
     order = sorted(range(len(influence)), key=lambda layer: (influence[layer], -layer))

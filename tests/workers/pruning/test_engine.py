@@ -125,3 +125,18 @@ def test_captured_block_inputs_run_through_the_blocks_reproduce_the_logits(case:
                 hidden = result[0] if isinstance(result, tuple) else result
             outputs.append(adapter.lm_head(model)(adapter.final_norm(model)(hidden)))
         assert torch.allclose(torch.cat(outputs), model(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["wanda", "shortgpt"])
+def test_models_whose_layers_mix_attention_types_are_refused_not_mis_calibrated(method: str) -> None:
+    # Qwen2 with sliding-window layers: each layer type has its own mask, which replaying block 0's
+    # call arguments for every block would get wrong.
+    model = build("qwen2", layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    with pytest.raises(ValueError, match=r"mix attention types .*full_attention, sliding_attention"):
+        prune_model(model, method, 0.5, calibration_ids=calibration())
+
+
+def test_shortgpt_refuses_gpt2_whose_attention_scale_depends_on_the_layer_index() -> None:
+    model = build("gpt2", scale_attn_by_inverse_layer_idx=True)
+    with pytest.raises(ValueError, match=r"scale_attn_by_inverse_layer_idx.*use attention-drop or mlp-drop"):
+        prune_model(model, "shortgpt", 0.5, calibration_ids=calibration())
