@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from app.pruning import result_method
 from app.tables import Job, Result
 
 ACCURACY_METRICS = ("acc", "acc_norm")
@@ -31,7 +32,11 @@ TASK_VERSIONS: dict[str, float] = {
 def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
     """The lm-eval style document of `job`'s stored results (its own rows, in id order)."""
     request = job.request
-    method = "dense" if job.kind == "evaluate" else str(request.get("method", "dense"))
+    method = (
+        "dense"
+        if job.kind == "evaluate"
+        else result_method(str(request.get("method", "dense")), str(request.get("pattern", "unstructured")))
+    )
     sparsity = 0.0 if job.kind == "evaluate" else request.get("sparsity")
     accuracy = request.get("accuracy") or {}
     own = [row for row in rows if row.metric in ACCURACY_METRICS and row.method == method]

@@ -13,6 +13,12 @@ CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
+def result_method(method: str, pattern: str = "unstructured") -> str:
+    """The method name results are stored under: an N:M pattern is part of it ("wanda-2:4"), so that
+    curves, predictions and exports never mix patterns of one method."""
+    return method if pattern == "unstructured" else f"{method}-{pattern}"
+
+
 def layers_dropped(sparsity: float, num_layers: int) -> int:
     """n = round(sparsity * L): how many attention branches, MLP branches or blocks a drop removes."""
     return round(sparsity * num_layers)

@@ -697,6 +697,10 @@ class ProtocolSelector(StrictModel):
         return self
 
 
+# Smallest sparsity a caller's pruned point may have: below it the laws' sums of s^2 underflow.
+MIN_PRUNED_SPARSITY = 1e-6
+
+
 class CallerPoint(StrictModel):
     """A value you measured yourself (or took from a paper): sparsity 0 is the dense baseline."""
 
@@ -710,6 +714,16 @@ class CallerPoint(StrictModel):
     chance: float | None = Field(
         None, gt=0.0, lt=1.0, allow_inf_nan=False, description="Accuracy: chance level (e.g. 0.25)."
     )
+
+    @field_validator("sparsity")
+    @classmethod
+    def _dense_or_measurably_pruned(cls, value: float) -> float:
+        if 0.0 < value < MIN_PRUNED_SPARSITY:
+            raise ValueError(
+                f"sparsity {value:g} is neither 0 (the dense baseline) nor at least {MIN_PRUNED_SPARSITY:g}: "
+                "the laws cannot be fitted on it"
+            )
+        return value
 
 
 class PredictionCreate(StrictModel):

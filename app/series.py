@@ -435,6 +435,12 @@ def caller_series(
     what = metric if task is None else f"{metric} of task {task}"
     if len(dense) > 1:
         raise SeriesError(f"points hold {len(dense)} dense values (sparsity 0) for {what}; send one")
+    repeated = sorted({p.sparsity for p in pruned if sum(q.sparsity == p.sparsity for q in pruned) > 1})
+    if repeated:
+        raise SeriesError(
+            f"points hold several values at sparsity {', '.join(f'{r:g}' for r in repeated)} for {what}; "
+            "send one per sparsity (their mean, if they are repeats)"
+        )
     if len(chances) > 1:
         raise SeriesError(f"points give different chance levels for {what}: {sorted(chances)}")
     if metric != PPL and not chances:

@@ -49,13 +49,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.model_sources import resolve_model  # noqa: E402
 from app.probe_plots import NoProbePoints, build_figure, figure_png  # noqa: E402
 from app.schemas import ProbePointPublic  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
+from workers.environment import run_environment  # noqa: E402
 from workers.loading import load_copy, load_model  # noqa: E402
 from workers.probing import (  # noqa: E402
     BUILTIN_PROMPTS,
@@ -253,8 +253,7 @@ def main() -> None:
         "head_pass_s": head_unit,
         "threads": args.threads,
         "load_average_start": os.getloadavg(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "platform": platform.platform(),
+        "environment": {**run_environment(dense.device), "platform": platform.platform()},
         "prunings": {},
     }
     prunings = {

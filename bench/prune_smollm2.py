@@ -30,12 +30,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.model_sources import resolve_model  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
+from workers.environment import run_environment  # noqa: E402
 from workers.evaluate import perplexity  # noqa: E402
 from workers.loading import load_copy, load_model  # noqa: E402
 from workers.pruning import prune_model  # noqa: E402
@@ -97,8 +97,7 @@ def main() -> None:
         "dense_ppl": ppl(dense.model),
         "threads": args.threads,
         "load_average_start": os.getloadavg(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "platform": platform.platform(),
+        "environment": {**run_environment(dense.device), "platform": platform.platform()},
         "prunings": {},
     }
     for name, (method, amount, pattern) in PRUNINGS.items():

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
-from sqlalchemy import delete, select, update
+from sqlalchemy import Delete, delete, select, update
 
 from app.config import Settings
 from app.db import Store
@@ -162,8 +162,12 @@ class JobContext:
         self._add_rows(results, "results")
 
     def add_artifacts(self, artifacts: Sequence[Artifact]) -> None:
-        """Record files this job wrote (e.g. a sliced model), unless this attempt was superseded."""
-        self._add_rows(artifacts, "artifacts")
+        """Record files this job wrote (e.g. a sliced model), unless this attempt was superseded. A
+        folder written again (a resumed sweep re-measuring a sparsity) replaces its earlier row."""
+        rewritten = delete(Artifact).where(
+            Artifact.job_id == self.job_id, Artifact.path.in_([artifact.path for artifact in artifacts])
+        )
+        self._add_rows(artifacts, "artifacts", replacing=rewritten)
 
     def add_fits(self, fits: Sequence[Fit]) -> None:
         """Record laws fitted to this job's points, unless this attempt was superseded."""
@@ -173,12 +177,22 @@ class JobContext:
         """Record a probe's measurements, unless this attempt was superseded."""
         self._add_rows(points, "probe points")
 
-    def _add_rows(self, rows: Sequence[Result | Artifact | Fit | ProbePoint], what: str) -> None:
+    def _add_rows(
+        self,
+        rows: Sequence[Result | Artifact | Fit | ProbePoint],
+        what: str,
+        *,
+        replacing: Delete | None = None,
+    ) -> None:
+        """Add rows in one transaction guarded by this attempt's ownership, after `replacing` (rows
+        the new ones supersede) is deleted in the same transaction."""
         with self.store.session() as session:
             owner = session.scalar(select(Job.id).where(self._guard()).with_for_update())
             if owner is None:
                 self._superseded = True
                 raise JobStopped(f"this attempt was superseded; its {what} are discarded")
+            if replacing is not None:
+                session.execute(replacing)
             for row in rows:
                 row.job_id = self.job_id
                 session.add(row)

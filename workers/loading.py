@@ -122,11 +122,7 @@ def refresh_model(loaded: LoadedModel) -> None:
     """
     loaded.model = None  # type: ignore[assignment]  # release the old copy before reading the next
     gc.collect()
-    model = _load_causal_lm(loaded.path, loaded.model_id, loaded.dtype)
-    model.eval()
-    as_module: torch.nn.Module = model
-    as_module.to(loaded.device)
-    loaded.model = model
+    loaded.model = load_copy(loaded).model
 
 
 def load_copy(loaded: LoadedModel) -> LoadedModel:

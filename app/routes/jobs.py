@@ -48,6 +48,8 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No such job"},
     422: {"model": Problem, "description": "Invalid request"},
 }
+# Kinds whose results describe one model's accuracy: what an lm-eval results file holds.
+LM_EVAL_KINDS = ("evaluate", "prune")
 SUBMIT_PROBLEMS: dict[int | str, dict[str, Any]] = {
     **PROBLEMS,
     409: {"model": Problem, "description": "`artifact_job_id` names a job without a usable artifact"},
@@ -418,6 +420,14 @@ def job_results(
     job = _get_job(session, job_id)
     rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
     if format == "lm-eval":
+        if job.kind not in LM_EVAL_KINDS:
+            raise ProblemError(
+                422,
+                f"format=lm-eval exports the accuracy of one model; a {job.kind} job is not one (a sweep "
+                "stores one per sparsity, a probe none): use format=json",
+                slug="export-unavailable",
+                title="No lm-eval export for this kind",
+            )
         return LmEvalExport.model_validate(lm_eval_export(job, rows))
     return ResultList(items=[result_public(row) for row in rows])
 

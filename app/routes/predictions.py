@@ -171,6 +171,8 @@ def evaluate_job_body(model: str, missing: list[Series]) -> tuple[dict[str, Any]
     if ppl is not None:
         perplexity.update(dataset=ppl.dataset, seqlen=ppl.seqlen or 2048, max_windows=ppl.max_windows)
     body: dict[str, Any] = {"kind": "evaluate", "model": model, "perplexity": perplexity}
+    if ppl is not None and ppl.dtype is not None:
+        body["dtype"] = ppl.dtype  # else "auto" could measure another dtype than the one asked for
     tasks = sorted({str(s.task) for s in missing if s.metric != PPL})
     if tasks:
         body["accuracy"] = {"tasks": tasks}

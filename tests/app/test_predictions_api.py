@@ -127,6 +127,15 @@ def test_unknown_baseline_is_409_naming_the_evaluate_job_and_active_jobs(
     assert [(j["id"], j["supplies"]) for j in again["active_jobs"]] == [(submitted.json()["id"], True)]
 
 
+def test_the_evaluate_job_for_a_missing_baseline_measures_in_the_dtype_asked_for(
+    api: TestClient, tiny_model_dir: Path
+) -> None:
+    # Without it the job would run with dtype "auto" and never store the baseline asked for.
+    body = {"model": str(tiny_model_dir.resolve()), "sparsities": [0.2], "protocol": {"dtype": "float16"}}
+    job = assert_problem(api.post("/v1/predictions", json=body), 409)["evaluate_job"]
+    assert job["dtype"] == "float16"
+
+
 def test_measure_missing_queues_the_evaluate_job_once_and_answers_202(
     api: TestClient, tiny_model_dir: Path
 ) -> None:
@@ -330,3 +339,17 @@ def test_api_start_imports_no_matplotlib() -> None:
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_a_caller_point_at_a_vanishing_sparsity_is_a_422_naming_it(api: TestClient) -> None:
+    body = {"model": "m", "sparsities": [0.3], "points": caller_points(20.0, {1e-300: 20.5, 0.2: 30.0})}
+    problem = assert_problem(api.post("/v1/predictions", json=body), 422)
+    assert "sparsity 1e-300 is neither 0 (the dense baseline) nor at least 1e-06" in problem["detail"]
+
+
+def test_two_caller_values_at_one_sparsity_are_a_422_naming_it(api: TestClient) -> None:
+    points = [*caller_points(20.0, {0.2: 30.0}), {"metric": "ppl", "sparsity": 0.2, "value": 40.0}]
+    problem = assert_problem(
+        api.post("/v1/predictions", json={"model": "m", "sparsities": [0.3], "points": points}), 422
+    )
+    assert "several values at sparsity 0.2 for ppl" in problem["detail"]

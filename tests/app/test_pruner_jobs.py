@@ -13,9 +13,12 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
+from app.lm_eval_export import lm_eval_export
+from app.pruning import result_method
 from app.schemas import PRUNE_METHODS, StoredMethod
+from app.tables import Job, Result
+from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import job_results, prune_body, wait_done
-from workers.kinds.prune_steps import result_method
 from workers.pruning import INTRA_LAYER_METHODS, PATTERNS
 
 
@@ -87,3 +90,20 @@ def test_every_stored_method_name_can_be_asked_for_in_curves_and_predictions() -
         for pattern in (PATTERNS if method in INTRA_LAYER_METHODS else ("unstructured",))
     }
     assert stored == set(get_args(StoredMethod))
+
+
+def test_lm_eval_export_of_a_2_4_prune_job_finds_its_rows_under_the_stored_method_name() -> None:
+    job = Job(kind="prune", request={"method": "wanda", "pattern": "2:4", "sparsity": 0.5})
+    rows = [
+        Result(method="wanda-2:4", metric="acc", dataset="arc_easy", value=0.4, stderr=0.02, protocol={}),
+        Result(method="dense", metric="acc", dataset="arc_easy", value=0.5, stderr=0.02, protocol={}),
+    ]
+    exported = lm_eval_export(job, rows)
+    assert exported["results"]["arc_easy"]["acc,none"] == 0.4
+
+
+def test_lm_eval_export_of_a_sweep_is_a_422_problem(api: TestClient, tiny_model_dir: Path) -> None:
+    body = {"kind": "sweep", "model": str(tiny_model_dir), "method": "slicegpt", "sparsities": [0.1, 0.2]}
+    job = api.post("/v1/jobs", json=body).json()
+    problem = assert_problem(api.get(f"/v1/jobs/{job['id']}/results", params={"format": "lm-eval"}), 422)
+    assert "stores one per sparsity" in problem["detail"]

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import torch
+from sqlalchemy import select
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from app.config import Settings
 from app.db import Store
-from app.tables import Base, Job, Result
-from workers.context import JobContext
-from workers.kinds.steps import find_dense_baseline, stage_progress, step_reporter
+from app.schemas import PerplexitySpec
+from app.tables import Artifact, Base, Job, Result
+from workers.context import JobContext, JobFailure
+from workers.kinds.probe import tokenize
+from workers.kinds.steps import find_dense_baseline, measure_perplexity, stage_progress, step_reporter
+from workers.loading import LoadedModel
 
 PROTOCOL = {"seqlen": 64, "max_windows": 2, "data_sha256": "a" * 64, "dtype": "float32"}
 
@@ -96,3 +104,50 @@ def test_dense_baseline_is_the_newest_with_the_same_model_data_and_protocol(stor
 def test_a_baseline_measured_differently_is_not_reused(store: Store, different: dict[str, Any]) -> None:
     add_result(store, **different)
     assert find_dense_baseline(store, "m", None, "wikitext2", PROTOCOL) is None
+
+
+def running_context(store: Store, settings: Settings) -> JobContext:
+    with store.session() as session:
+        session.add(Job(id="job-2", kind="sweep", request={}, model_id="m", request_hash="h2"))
+    context = JobContext.claim(store, settings, "job-2")
+    assert context is not None
+    return context
+
+
+def test_a_folder_written_again_replaces_its_artifact_row(
+    store: Store, worker_settings: Callable[..., Settings]
+) -> None:
+    context = running_context(store, worker_settings())
+    context.add_artifacts([Artifact(kind="sliced-model", path="/a/s0.2", bytes=1, sha256="1" * 64)])
+    context.add_artifacts([Artifact(kind="sliced-model", path="/a/s0.3", bytes=1, sha256="2" * 64)])
+    context.add_artifacts([Artifact(kind="sliced-model", path="/a/s0.2", bytes=2, sha256="3" * 64)])
+    with store.session() as session:
+        rows = session.scalars(select(Artifact).where(Artifact.job_id == "job-2").order_by(Artifact.id)).all()
+        assert [(row.path, row.bytes) for row in rows] == [("/a/s0.3", 1), ("/a/s0.2", 2)]
+
+
+def test_a_non_finite_perplexity_fails_the_job_with_the_reason(
+    store: Store, worker_settings: Callable[..., Settings], tiny_model_dir: Path
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    context = running_context(store, worker_settings())
+    tokens = torch.arange(1, 130) % 200
+    with pytest.raises(
+        JobFailure, match=r"perplexity is not finite \(nan.*measure in float32, or prune less"
+    ):
+        measure_perplexity(
+            context, model, tokens, PerplexitySpec(seqlen=64), 64, stage="perplexity", start=0.0, end=1.0
+        )
+
+
+def test_a_probe_whose_generation_fills_the_context_is_refused_with_the_reason(tiny_model_dir: Path) -> None:
+    loaded = SimpleNamespace(
+        tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
+        model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64)),
+        device=torch.device("cpu"),
+    )
+    assert tokenize(cast(LoadedModel, loaded), "x" * 100, room=16).numel() == 48  # cut to leave room
+    with pytest.raises(JobFailure, match=r"max_new_tokens \(64\) leaves no room .* context of 64 tokens"):
+        tokenize(cast(LoadedModel, loaded), "hello", room=64)

@@ -21,6 +21,7 @@ temperature, timings, and which probes were skipped and why.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from sqlalchemy import select
 from transformers import PreTrainedModel
 
+from app.pruning import result_method
 from app.schemas import ProbeJobCreate
 from app.tables import Artifact, Job, ProbePoint, Result
 from workers.context import JobContext, JobFailure
@@ -41,7 +43,6 @@ from workers.kinds.prune_steps import (
     check_prunable,
     draw_calibration,
     lap,
-    result_method,
 )
 from workers.kinds.steps import load_for_job, step_reporter
 from workers.loading import LoadedModel, ModelLoadError, load_copy
@@ -166,6 +167,12 @@ def run(context: JobContext) -> None:
     timings["total_s"] = lap(started)
 
     multiples = cost_multiples(timings)
+    diverged = sorted({f"{r.probe}/{r.space}/{r.metric}" for r in records if not math.isfinite(r.value)})
+    if diverged:
+        raise JobFailure(
+            f"probe values are not finite ({', '.join(diverged[:5])}): the pruned model's outputs "
+            "overflowed or are NaN; probe in float32, or prune less"
+        )
     context.add_probe_points([ProbePoint(**asdict(record)) for record in records])
     context.add_results(
         [
@@ -344,6 +351,11 @@ def tokenize(loaded: LoadedModel, text: str, *, room: int = 0) -> torch.Tensor:
     """A prompt's token ids (1-D), cut so that `room` generated tokens still fit the context."""
     ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0]  # (T,)
     context = int(getattr(loaded.model.config, "max_position_embeddings", 0) or 0)
+    if context and room >= context:
+        raise JobFailure(
+            f"generation.max_new_tokens ({room}) leaves no room for a prompt in the model's context of "
+            f"{context} tokens; ask for fewer new tokens"
+        )
     if context and ids.numel() + room > context:
         ids = ids[: max(context - room, 1)]
     return ids.to(loaded.device)

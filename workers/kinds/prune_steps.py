@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedModel
 
 from app.model_sources import ModelSource
+from app.pruning import result_method
 from app.schemas import AccuracySpec, CalibrationSpec, PruneJobCreate, SweepJobCreate
 from app.tables import Artifact, Result
 from workers.accuracy import TaskResult
@@ -205,12 +206,6 @@ def draw_calibration(
     except (DataMissingError, CalibrationError) as error:
         raise JobFailure(str(error)) from error
     return calibration, {**calibration.record, "batch_size": spec.batch_size}
-
-
-def result_method(method: str, pattern: str = "unstructured") -> str:
-    """The method name results are stored under: an N:M pattern is part of it ("wanda-2:4"), so that
-    curves and predictions never mix patterns of one method."""
-    return method if pattern == "unstructured" else f"{method}-{pattern}"
 
 
 def job_pattern(spec: SlicingJob) -> str:

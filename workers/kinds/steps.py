@@ -7,6 +7,7 @@ numbers from different kinds compare.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +72,10 @@ def measure_perplexity(
     end: float,
     detail_prefix: str = "",
 ) -> PerplexityResult:
-    """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job."""
+    """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job. A
+    non-finite perplexity (a diverged model) fails the job: it could be neither stored nor fitted."""
     try:
-        return perplexity(
+        measured = perplexity(
             model,
             token_ids,
             seqlen=seqlen,
@@ -87,6 +89,12 @@ def measure_perplexity(
         raise
     except ValueError as error:
         raise JobFailure(f"perplexity: {error}") from error
+    if not math.isfinite(measured.ppl):
+        raise JobFailure(
+            f"perplexity is not finite ({measured.ppl}; mean NLL {measured.nll_mean}): the model's outputs "
+            "overflowed or are NaN; measure in float32, or prune less"
+        )
+    return measured
 
 
 def perplexity_protocol(
