@@ -25,12 +25,14 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install torch==2.13.0; \
     fi
 COPY pyproject.toml requirements-assets.txt README.md ./
+COPY core/__init__.py core/__init__.py
 COPY app/__init__.py app/__init__.py
 COPY workers/__init__.py workers/__init__.py
 RUN pip install -e . && pip install --no-deps -r requirements-assets.txt
 # Then the code (editable install: migrations/ is read from the source tree).
 COPY alembic.ini ./
 COPY migrations migrations
+COPY core core
 COPY app app
 COPY workers workers
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from core.methods import DEFAULT_METHOD, DENSE
+
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
 EXIT_JOB_FAILED = 2
@@ -31,8 +33,8 @@ ACCURACY_METRICS = ("acc", "acc_norm")
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.config import get_settings
     from app.main import create_app
+    from core.settings import get_settings
 
     settings = get_settings()
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
@@ -40,51 +42,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from redis import Redis
-    from rq import Queue, Worker
+    """`prunecast worker ...` belongs to the engine side; it is reached by name (core.entrypoints),
+    so this client never imports torch."""
+    from core.entrypoints import WORKER_COMMAND, resolve
 
-    from app.config import get_settings
-    from app.logs import configure_logging
-
-    settings = get_settings()
-    configure_logging(settings)
-    if not settings.redis_url:
-        print(
-            "prunecast worker needs REDIS_URL; without it `prunecast serve` runs jobs itself", file=sys.stderr
-        )
-        return EXIT_USAGE
-    connection = Redis.from_url(settings.redis_url)
-    queue = Queue(settings.queue_name, connection=connection)
-    if args.preload:
-        _preload_engine()
-    # The forking Worker runs each job in a fresh child (the "work horse"). This parent may import
-    # torch but never initialises CUDA, so CUDA only ever starts in a child that does not fork again.
-    worker = Worker([queue], connection=connection, name=args.name)
-    worker.work(burst=args.burst, with_scheduler=False, logging_level=settings.log_level.upper())
-    return EXIT_OK
-
-
-def _preload_engine() -> None:
-    """Import the engine once in the parent so each forked job starts in milliseconds, not seconds.
-
-    Importing torch and transformers does not initialise CUDA; checked here so that a future
-    import that does would fail loudly instead of breaking CUDA in every forked child.
-    """
-    import importlib
-
-    import torch
-
-    from workers.kinds import HANDLER_MODULES
-
-    for module in HANDLER_MODULES.values():
-        importlib.import_module(module)
-    if torch.cuda.is_initialized():
-        raise RuntimeError("preloading the engine initialised CUDA; run the worker with --no-preload")
+    code: int = resolve(WORKER_COMMAND)(args.worker_args)
+    return code
 
 
 def _migrate(_: argparse.Namespace) -> int:
-    from app.config import get_settings
-    from app.migrate import upgrade
+    from core.migrate import upgrade
+    from core.settings import get_settings
 
     settings = get_settings()
     upgrade(settings.store_url)
@@ -131,7 +99,7 @@ def _result_gates(client: Any, results: list[dict[str, Any]], args: argparse.Nam
     """--max-ppl / --max-acc-drop on a finished job's measured results: its pruned results, or all
     of them when it pruned nothing. Accuracy drops are against the model's dense result of the same
     metric and task (from the job, else the newest in the store)."""
-    scope = [r for r in results if r["method"] != "dense"] or results
+    scope = [r for r in results if r["method"] != DENSE] or results
     failures: list[str] = []
     checked: list[str] = []
     if args.max_ppl is not None:
@@ -142,7 +110,7 @@ def _result_gates(client: Any, results: list[dict[str, Any]], args: argparse.Nam
             line = f"ppl of {r['method']} at s = {r['sparsity']:g} is {r['value']:.4g}"
             (failures if r["value"] > args.max_ppl else checked).append(f"{line} (max {args.max_ppl:g})")
     if args.max_acc_drop is not None:
-        accuracy = [r for r in scope if r["metric"] in ACCURACY_METRICS and r["method"] != "dense"]
+        accuracy = [r for r in scope if r["metric"] in ACCURACY_METRICS and r["method"] != DENSE]
         if not accuracy:
             failures.append(f"--max-acc-drop {args.max_acc_drop:g}: the job measured no pruned accuracy")
         for r in accuracy:
@@ -161,26 +129,36 @@ def _dense_result(
     client: Any, results: list[dict[str, Any]], pruned: dict[str, Any]
 ) -> dict[str, Any] | None:
     for r in results:
-        if r["method"] == "dense" and (r["metric"], r["dataset"]) == (pruned["metric"], pruned["dataset"]):
+        if r["method"] == DENSE and (r["metric"], r["dataset"]) == (pruned["metric"], pruned["dataset"]):
             return r
-    params = {"model": pruned["model"], "method": "dense", "metric": pruned["metric"]}
+    params = {"model": pruned["model"], "method": DENSE, "metric": pruned["metric"]}
     response = client.get("/v1/results", params={**params, "dataset": pruned["dataset"], "limit": 1})
     response.raise_for_status()
     items: list[dict[str, Any]] = response.json()["items"]
     return items[0] if items else None
 
 
+def _read_job(args: argparse.Namespace) -> dict[str, Any]:
+    """The job JSON from the argument or --file; ValueError says what is wrong."""
+    if args.file:
+        text = Path(args.file).read_text()
+    elif args.body:
+        text = args.body
+    else:
+        raise ValueError("give the job as JSON text or with --file")
+    body: dict[str, Any] = json.loads(text)
+    return body
+
+
 def _submit(args: argparse.Namespace) -> int:
     import httpx
 
+    gated = args.max_ppl is not None or args.max_acc_drop is not None
+    if gated and not args.wait:
+        print("--max-ppl and --max-acc-drop need --wait", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        if args.file:
-            body = json.loads(Path(args.file).read_text())
-        elif args.body:
-            body = json.loads(args.body)
-        else:
-            print("give the job as JSON text or with --file", file=sys.stderr)
-            return EXIT_USAGE
+        body = _read_job(args)
     except (OSError, ValueError) as error:
         print(f"cannot read the job: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -192,25 +170,26 @@ def _submit(args: argparse.Namespace) -> int:
                 _print(response.json())
                 return EXIT_USAGE
             job = response.json()
-            gated = args.max_ppl is not None or args.max_acc_drop is not None
-            if gated and not args.wait:
-                print("--max-ppl and --max-acc-drop need --wait", file=sys.stderr)
-                return EXIT_USAGE
-            if args.wait:
-                job = _wait_until_done(client, job["id"], args.timeout)
-                if job["status"] == "succeeded":
-                    job["results"] = client.get(f"/v1/jobs/{job['id']}/results").json()["items"]
-                    if gated:
-                        job["gates"] = _result_gates(client, job["results"], args)
-            _print(job)
             if not args.wait:
+                _print(job)
                 return EXIT_OK
-            if job["status"] != "succeeded":
-                return EXIT_JOB_FAILED
-            return EXIT_GATE_FAILED if gated and not job["gates"]["passed"] else EXIT_OK
+            return _wait_and_gate(client, job["id"], args, gated)
     except (httpx.HTTPError, OSError) as error:
         print(f"cannot reach {args.server}: {error}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _wait_and_gate(client: Any, job_id: str, args: argparse.Namespace, gated: bool) -> int:
+    """Wait for the job, print it with its results (and gates), and say how it went as an exit code."""
+    job = _wait_until_done(client, job_id, args.timeout)
+    if job["status"] == "succeeded":
+        job["results"] = client.get(f"/v1/jobs/{job_id}/results").json()["items"]
+        if gated:
+            job["gates"] = _result_gates(client, job["results"], args)
+    _print(job)
+    if job["status"] != "succeeded":
+        return EXIT_JOB_FAILED
+    return EXIT_GATE_FAILED if gated and not job["gates"]["passed"] else EXIT_OK
 
 
 def _wait(args: argparse.Namespace) -> int:
@@ -386,15 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(run=_serve)
 
-    worker = commands.add_parser("worker", help="run an RQ worker (needs REDIS_URL)")
-    worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    worker.add_argument("--name", default=None, help="worker name (default: RQ's)")
-    worker.add_argument(
-        "--no-preload",
-        dest="preload",
-        action="store_false",
-        help="do not import the engine before forking (each job then imports torch itself)",
+    worker = commands.add_parser(
+        "worker",
+        help="run an RQ worker (needs REDIS_URL; `prunecast worker --help` for its options)",
+        add_help=False,
     )
+    worker.add_argument("worker_args", nargs=argparse.REMAINDER, help="--burst, --name NAME, --no-preload")
     worker.set_defaults(run=_worker)
 
     migrate = commands.add_parser("migrate", help="bring the store's schema up to date")
@@ -426,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--server", default=os.environ.get("PRUNECAST_SERVER", DEFAULT_SERVER))
     predict.add_argument("--model", required=True, help="model id as stored in results")
-    predict.add_argument("--method", default="slicegpt")
+    predict.add_argument("--method", default=DEFAULT_METHOD)
     predict.add_argument(
         "--sparsity", type=float, action="append", required=True, help="fraction removed; repeat for more"
     )
@@ -444,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:  # its options are the worker's own parser's (workers.cli)
+        return _worker(argparse.Namespace(worker_args=argv[1:]))
     args = build_parser().parse_args(argv)
     code: int = args.run(args)
     return code

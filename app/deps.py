@@ -7,15 +7,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.db import Store
 from app.problems import ProblemError
 from app.queueing import JobQueue
+from core.settings import Settings
+from core.store import Store
+from core.tables import MAX_ROW_ID
 
 
 @dataclass
@@ -43,6 +44,11 @@ def get_session(services: ServicesDep) -> Iterator[Session]:
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
+CursorQuery = Annotated[
+    int | None, Query(ge=0, le=MAX_ROW_ID, description="`next_cursor` of the previous page.")
+]
+"""The keyset cursor of a list of integer-id rows (results, fits, probe points)."""
+
 _bearer = HTTPBearer(auto_error=False, description="Required when the server has PRUNECAST_API_TOKENS set.")
 
 
@@ -59,5 +65,7 @@ def require_token(
         raise ProblemError(
             401, "send 'Authorization: Bearer <token>'", slug="unauthorized", headers=challenge
         )
-    if not any(hmac.compare_digest(credentials.credentials, token) for token in tokens):
+    # Header values arrive decoded as latin-1; compared as bytes, a non-ASCII token is just wrong.
+    presented = credentials.credentials.encode("latin-1", errors="replace")
+    if not any(hmac.compare_digest(presented, token.encode()) for token in tokens):
         raise ProblemError(401, "the bearer token is not valid", slug="unauthorized", headers=challenge)

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import structlog
 from fastapi import Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.config import Settings, get_settings
-from app.db import Store
 from app.deps import Services, require_token
-from app.logs import configure_logging
 from app.metrics import HttpMetrics, HttpMetricsMiddleware, StoreCollector
-from app.migrate import pending_migrations
-from app.problems import install_problem_handlers, problem_response
+from app.middleware import BodySizeLimit, StorableText
+from app.problems import LastResort, document_problems, install_problem_handlers
 from app.queueing import make_queue
 from app.reconciler import Reconciler
 from app.routes import fits, health, jobs, models, predictions, probes, reports, results
+from core.logs import configure_logging
+from core.migrate import pending_migrations
+from core.settings import Settings, get_settings
+from core.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -68,49 +70,6 @@ TAGS = [
 ]
 
 
-class BodySizeLimit:
-    """Refuse request bodies over the limit with 413 before any handler parses them."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_big = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
-        messages: list[Message] = []
-        if not too_big:
-            received = 0
-            while True:
-                message = await receive()
-                messages.append(message)
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    too_big = True
-                    break
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    break
-        if too_big:
-            from starlette.requests import Request
-
-            response = problem_response(
-                413,
-                f"request body exceeds {self.max_bytes} bytes",
-                request=Request(scope),
-                slug="body-too-large",
-            )
-            await response(scope, receive, send)
-            return
-
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-
 def create_app(settings: Settings | None = None, *, start_background: bool = True) -> FastAPI:
     """Build the app. `start_background=False` skips the reconciler (for tools and tests)."""
     settings = settings or get_settings()
@@ -149,16 +108,44 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
         lifespan=lifespan,
     )
     registry = CollectorRegistry()
-    install_problem_handlers(app)
+    install_problem_handlers(app, retry_after_s=settings.store_retry_after_s)
     protected = [Depends(require_token)]
-    app.include_router(jobs.router, dependencies=protected)
-    app.include_router(results.router, dependencies=protected)
-    app.include_router(fits.router, dependencies=protected)
-    app.include_router(probes.router, dependencies=protected)
-    app.include_router(reports.router, dependencies=protected)
-    app.include_router(predictions.router, dependencies=protected)
-    app.include_router(models.router, dependencies=protected)
+    for router in PROTECTED_ROUTERS:
+        app.include_router(router, dependencies=protected)
     app.include_router(health.router)
+    app.include_router(
+        health.metrics_router, dependencies=protected if settings.metrics_require_token else []
+    )
+    # Added innermost first: LastResort sits inside Starlette's own error middleware.
+    app.add_middleware(LastResort)
+    app.add_middleware(StorableText)
     app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(registry))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+                tags=app.openapi_tags,
+            )
+            protected_paths = {"/v1/", "/metrics"} if settings.metrics_require_token else {"/v1/"}
+            app.openapi_schema = document_problems(schema, protected=protected_paths)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+PROTECTED_ROUTERS = (
+    jobs.router,
+    results.router,
+    fits.router,
+    probes.router,
+    reports.router,
+    predictions.router,
+    models.router,
+)
+"""Routers under /v1: behind the bearer token when PRUNECAST_API_TOKENS is set."""

@@ -15,9 +15,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.db import Store
 from app.queueing import JobQueue
-from app.tables import Job, JobStatus
+from core.store import Store
+from core.tables import Job, JobStatus
 
 
 class StoreCollector(Collector):
@@ -38,22 +38,22 @@ class StoreCollector(Collector):
             for kind, status, count in session.execute(
                 select(Job.kind, Job.status, func.count()).group_by(Job.kind, Job.status)
             ):
-                jobs.add_metric([kind, status], count)
+                jobs.add_metric([kind, JobStatus(status).value], count)
             finished = session.execute(
                 select(Job.kind, Job.status, Job.started_at, Job.finished_at).where(
-                    Job.status.in_([JobStatus.succeeded.value, JobStatus.failed.value]),
+                    Job.status.in_([JobStatus.succeeded, JobStatus.failed]),
                     Job.started_at.is_not(None),
                     Job.finished_at.is_not(None),
                 )
             ).all()
-        totals: dict[tuple[str, str], tuple[int, float]] = {}
+        totals: dict[tuple[str, JobStatus], tuple[int, float]] = {}
         for kind, status, started, ended in finished:
             if started is None or ended is None:
                 continue
             count, total = totals.get((kind, status), (0, 0.0))
             totals[(kind, status)] = (count + 1, total + (ended - started).total_seconds())
         for (kind, status), (count, total) in sorted(totals.items()):
-            durations.add_metric([kind, status], count_value=count, sum_value=total)
+            durations.add_metric([kind, status.value], count_value=count, sum_value=total)
         yield jobs
         yield durations
         depth = GaugeMetricFamily("prunecast_queue_depth", "Jobs waiting in the transport queue")

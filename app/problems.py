@@ -1,8 +1,9 @@
 """RFC 9457 problem details: every error the API returns has this body.
 
 Handlers cover our own ProblemError, FastAPI/Starlette HTTP errors, request validation errors
-(with the failing fields listed) and, as a last resort, unexpected exceptions, so a client
-never sees a bare text or HTML error.
+(with the failing fields listed) and a store outage (503 with Retry-After); `LastResort` turns any
+other exception into a 500 problem without dropping the client's connection. `document_problems`
+makes the OpenAPI document say so: every error response is `application/problem+json`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request as StarletteRequest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from core.store import StoreUnavailable, is_outage
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://prunecast.dev/problems/"
@@ -24,7 +31,10 @@ log = structlog.get_logger(__name__)
 
 
 class Problem(BaseModel):
-    """An RFC 9457 problem details object (documented for clients in the OpenAPI schema)."""
+    """An RFC 9457 problem details object. Problems may carry more members (e.g. `errors` of a
+    validation failure, or the `evaluate_job` that would supply a missing baseline)."""
+
+    model_config = ConfigDict(extra="allow")
 
     type: str = "about:blank"
     title: str
@@ -60,7 +70,7 @@ def problem_response(
     status: int,
     detail: str | None,
     *,
-    request: Request,
+    request: StarletteRequest,
     slug: str | None = None,
     title: str | None = None,
     headers: dict[str, str] | None = None,
@@ -78,6 +88,11 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
+def problem_responses(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for error statuses of one operation, each a problem body."""
+    return {status: {"model": Problem, "description": text} for status, text in described.items()}
+
+
 def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     cleaned = []
     for error in errors:
@@ -88,7 +103,10 @@ def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
-def install_problem_handlers(app: FastAPI) -> None:
+STORE_ERRORS = (StoreUnavailable, OperationalError, InterfaceError, PoolTimeoutError, DBAPIError)
+
+
+def install_problem_handlers(app: FastAPI, retry_after_s: int) -> None:
     """Route every error path through problem+json."""
 
     @app.exception_handler(ProblemError)
@@ -122,9 +140,85 @@ def install_problem_handlers(app: FastAPI) -> None:
             errors=errors,
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        log.exception("unhandled error", path=request.url.path)
+    async def _store(request: Request, error: Exception) -> JSONResponse:
+        if not is_outage(error):
+            raise error  # a real bug: LastResort answers 500 and logs it
+        log.warning("store unreachable; answering 503", path=request.url.path, error=type(error).__name__)
         return problem_response(
-            500, "internal error; it has been logged", request=request, slug="internal-error"
+            503,
+            "the store is unreachable right now; the request changed nothing it did not commit: "
+            f"retry in {retry_after_s}s",
+            request=request,
+            slug="store-unavailable",
+            title="Store unavailable",
+            headers={"Retry-After": str(retry_after_s)},
         )
+
+    for error_class in STORE_ERRORS:
+        app.add_exception_handler(error_class, _store)
+
+
+class LastResort:
+    """Answer an exception no handler took with a 500 problem, and keep the connection open.
+
+    Starlette's own last handler re-raises after answering, which makes the server drop the
+    connection, so a client's next request on it would be reset. This middleware sits inside that
+    one and never re-raises.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception:
+            log.exception("unhandled error", path=scope.get("path"))
+            if started:
+                raise  # half a response is out: only dropping the connection can end it
+            response = problem_response(
+                500,
+                "internal error; it has been logged",
+                request=StarletteRequest(scope),
+                slug="internal-error",
+            )
+            await response(scope, receive, send)
+
+
+def document_problems(schema: dict[str, Any], protected: set[str]) -> dict[str, Any]:
+    """Make the OpenAPI document say what the API does on errors: every 4xx and 5xx body is
+    `application/problem+json` (the Problem schema, FastAPI's own validation error included); every
+    operation may answer 422 and 503, body-taking ones 413, `protected` paths 401."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    problem_ref = {"$ref": "#/components/schemas/Problem"}
+    common = {
+        422: "Invalid request (the problem lists the failing fields in `errors`)",
+        503: "The store is unreachable for a moment; retry after `Retry-After` seconds",
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            wanted = dict(common)
+            if "requestBody" in operation:
+                wanted[413] = "Request body too large"
+            if any(path.startswith(prefix) for prefix in protected):
+                wanted[401] = "Missing or invalid bearer token"
+            for status, text in wanted.items():
+                responses.setdefault(str(status), {"description": text})
+            for status, response in responses.items():
+                if status[0] in "45":
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": problem_ref}}
+    return schema

@@ -15,14 +15,13 @@ from typing import Protocol
 
 import structlog
 
-from app.config import Settings
-from app.db import Store
-from app.tables import utcnow
+from core.entrypoints import EMBEDDED_JOB_FUNCTION, JOB_FUNCTION, resolve
+from core.settings import Settings
+from core.store import Store
+from core.tables import utcnow
 
 log = structlog.get_logger(__name__)
 
-# The function RQ workers import and call with the job id (a string: the API never imports torch).
-RQ_ENTRY_POINT = "workers.tasks.run_job"
 # RQ keeps its own record of a finished job only briefly: the store has the real one.
 RQ_RESULT_TTL_S = 3600
 
@@ -67,7 +66,7 @@ class RQQueue:
 
         try:
             self.queue.enqueue(
-                RQ_ENTRY_POINT,
+                JOB_FUNCTION,
                 job_id,
                 job_id=job_id,
                 job_timeout=-1,  # jobs may run for hours; liveness is our heartbeat's business
@@ -165,8 +164,7 @@ class ThreadQueue:
             self._thread.join(timeout=5)
 
     def _work(self) -> None:
-        from workers.tasks import execute_job
-
+        execute_job = resolve(EMBEDDED_JOB_FUNCTION)  # the engine, imported in this thread only
         while True:
             job_id = self._pending.get()
             if job_id is None:

@@ -1,25 +1,32 @@
 """The reconciler: no job is ever stuck or silently lost.
 
-Two repairs, each a guarded UPDATE so that several API processes may reconcile at once:
-- a `queued` job the transport no longer holds (Redis restarted, embedded process restarted)
-  is enqueued again;
-- a `running` job whose heartbeat stopped (worker killed, host lost) is re-queued while it has
-  attempts left, else failed, and the reason is written on the job.
+Two repairs, each through a guarded transition of `core.lifecycle`, so several API processes may
+reconcile at once:
+- a `queued` job the transport no longer holds (Redis restarted, embedded process restarted) is
+  enqueued again, once it is older than the enqueue grace (`requeue_grace_s`);
+- a `running` job whose worker went silent (no heartbeat for `heartbeat_timeout_s`) or hung (no
+  new progress for `progress_timeout_s`) is queued again while it has attempts left, else failed,
+  and the reason is written on the job.
+
+A worker cannot beat while the store is down, so silence counts only while the store has been
+reachable: after an outage (or this process's start) the reconciler waits a whole timeout before it
+presumes a silent or hung job dead, and the retry re-checks the silence in its own UPDATE.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Store
 from app.queueing import JobQueue, QueueUnavailable
-from app.tables import Job, JobStatus, utcnow
+from core import lifecycle
+from core.settings import Settings
+from core.store import Store, is_outage
+from core.tables import Job, JobStatus, utcnow
 
 log = structlog.get_logger(__name__)
 
@@ -32,15 +39,38 @@ class ReconcileReport:
     canceled: int = 0  # dead jobs that had been asked to cancel
 
 
-def reconcile_once(store: Store, queue: JobQueue, settings: Settings) -> ReconcileReport:
+def liveness(settings: Settings, now: datetime, store_up_since: datetime | None) -> lifecycle.Liveness:
+    """Which running jobs count as dead now: silence and hangs count only from the moment the store
+    was last seen coming back (None: it has always been up)."""
+    up_since = store_up_since or datetime.min.replace(tzinfo=now.tzinfo)
+    silent_after = timedelta(seconds=settings.heartbeat_timeout_s)
+    hung_after = timedelta(seconds=settings.progress_timeout_s)
+    return lifecycle.Liveness(
+        silent_before=now - silent_after if now - up_since >= silent_after else None,
+        hung_before=now - hung_after if now - up_since >= hung_after else None,
+    )
+
+
+def reconcile_once(
+    store: Store, queue: JobQueue, settings: Settings, *, store_up_since: datetime | None = None
+) -> ReconcileReport:
     report = ReconcileReport()
+    _requeue_lost(store, queue, settings, report)
     now = utcnow()
-    grace = now - timedelta(seconds=settings.requeue_grace_s)
+    alive = liveness(settings, now, store_up_since)
+    with store.session() as session:
+        dead = lifecycle.dead_jobs(session, alive)
+    for job in dead:
+        _recover(store, queue, settings, job, alive, report)
+    return report
+
+
+def _requeue_lost(store: Store, queue: JobQueue, settings: Settings, report: ReconcileReport) -> None:
+    grace = utcnow() - timedelta(seconds=settings.requeue_grace_s)
     with store.session() as session:
         queued_ids = session.scalars(
             select(Job.id).where(
-                Job.status == JobStatus.queued.value,
-                (Job.enqueued_at.is_(None)) | (Job.enqueued_at < grace),
+                Job.status == JobStatus.queued, func.coalesce(Job.enqueued_at, Job.created_at) < grace
             )
         ).all()
     for job_id in queued_ids:
@@ -50,86 +80,69 @@ def reconcile_once(store: Store, queue: JobQueue, settings: Settings) -> Reconci
             queue.enqueue(job_id)
         except QueueUnavailable as error:
             log.warning("reconciler: queue unavailable, will retry", error=str(error))
-            break
+            return
         with store.session() as session:
-            session.execute(update(Job).where(Job.id == job_id).values(enqueued_at=utcnow()))
+            lifecycle.mark_enqueued(session, job_id)
         report.requeued += 1
         log.info("reconciler: re-enqueued job missing from the queue", job_id=job_id)
 
-    stale_before = now - timedelta(seconds=settings.heartbeat_timeout_s)
-    with store.session() as session:
-        stale = session.execute(
-            select(Job.id, Job.attempts, Job.cancel_requested, Job.heartbeat_at).where(
-                Job.status == JobStatus.running.value,
-                func.coalesce(Job.heartbeat_at, Job.started_at, Job.created_at) < stale_before,
-            )
-        ).all()
-    for job_id, attempts, cancel_requested, heartbeat_at in stale:
-        _recover_dead_job(store, queue, settings, job_id, attempts, cancel_requested, heartbeat_at, report)
-    return report
+
+def _why_dead(job: lifecycle.DeadJob, alive: lifecycle.Liveness, settings: Settings) -> str:
+    if alive.silent_before is not None and (
+        job.heartbeat_at is None or job.heartbeat_at < alive.silent_before
+    ):
+        return f"no heartbeat for over {settings.heartbeat_timeout_s:g}s (last {job.heartbeat_at})"
+    where = f"stage {job.stage!r}" + (f", {job.detail}" if job.detail else "")
+    return f"no progress for over {settings.progress_timeout_s:g}s ({where}; last {job.progress_at})"
 
 
-def _recover_dead_job(
+def _recover(
     store: Store,
     queue: JobQueue,
     settings: Settings,
-    job_id: str,
-    attempts: int,
-    cancel_requested: bool,
-    heartbeat_at: object,
+    job: lifecycle.DeadJob,
+    alive: lifecycle.Liveness,
     report: ReconcileReport,
 ) -> None:
-    silence = f"no heartbeat for over {settings.heartbeat_timeout_s:g}s (last {heartbeat_at})"
-    guard = (Job.id == job_id) & (Job.status == JobStatus.running.value) & (Job.attempts == attempts)
-    now = utcnow()
-    if cancel_requested:
-        values = {
-            "status": JobStatus.canceled.value,
-            "stage": "canceled",
-            "finished_at": now,
-            "error": f"canceled; its worker had also stopped responding ({silence})",
-        }
-        outcome = "canceled"
-    elif attempts < settings.max_attempts:
-        values = {
-            "status": JobStatus.queued.value,
-            "stage": "queued",
-            "progress": 0.0,
-            "detail": None,
-            "worker": None,
-            "enqueued_at": now,
-            "error": f"attempt {attempts} lost its worker ({silence}); retrying",
-        }
-        outcome = "retried"
-    else:
-        values = {
-            "status": JobStatus.failed.value,
-            "stage": "failed",
-            "finished_at": now,
-            "error": f"worker stopped responding on attempt {attempts} of {settings.max_attempts} "
-            f"({silence}); giving up",
-        }
-        outcome = "failed"
+    why = _why_dead(job, alive, settings)
+    removed: list[str] | None = None
     with store.session() as session:
-        changed = session.execute(update(Job).where(guard).values(**values)).rowcount  # type: ignore[attr-defined]
+        if job.cancel_requested:
+            removed = lifecycle.cancel_dead(
+                session, job, alive, f"canceled; its worker had also stopped ({why})"
+            )
+            outcome, changed = "canceled", removed is not None
+        elif job.attempts < settings.max_attempts:
+            reason = f"attempt {job.attempts} lost its worker ({why}); retrying"
+            outcome, changed = "retried", lifecycle.retry(session, job, alive, reason)
+        else:
+            reason = (
+                f"worker stopped responding on attempt {job.attempts} of {settings.max_attempts} ({why}); "
+                "giving up"
+            )
+            outcome, changed = "failed", lifecycle.give_up(session, job, alive, reason)
     if not changed:
-        return  # another reconciler, or the worker itself, got there first
+        return  # it beat meanwhile, or another reconciler or the worker itself got there first
     setattr(report, outcome, getattr(report, outcome) + 1)
-    log.warning("reconciler: recovered a job whose worker died", job_id=job_id, outcome=outcome)
+    log.warning("reconciler: recovered a job whose worker died", job_id=job.job_id, outcome=outcome, why=why)
     if outcome == "retried":
         try:
-            queue.enqueue(job_id)
+            queue.enqueue(job.job_id)
         except QueueUnavailable as error:
-            log.warning("reconciler: queue unavailable; job stays queued", job_id=job_id, error=str(error))
+            log.warning(
+                "reconciler: queue unavailable; job stays queued", job_id=job.job_id, error=str(error)
+            )
 
 
 class Reconciler:
-    """Runs reconcile_once every `reconcile_interval_s` in a daemon thread."""
+    """Runs reconcile_once every `reconcile_interval_s` in a daemon thread, tracking since when the
+    store has been reachable (its start counts as a return)."""
 
     def __init__(self, store: Store, queue: JobQueue, settings: Settings) -> None:
         self.store = store
         self.queue = queue
         self.settings = settings
+        self.store_up_since: datetime | None = utcnow()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="prunecast-reconciler", daemon=True)
 
@@ -140,10 +153,24 @@ class Reconciler:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def pass_once(self) -> ReconcileReport | None:
+        """One pass; None when the store was unreachable (the next reachable pass restarts the clock)."""
+        up_since = self.store_up_since or utcnow()  # back as of this pass, if it gets through
+        try:
+            report = reconcile_once(self.store, self.queue, self.settings, store_up_since=up_since)
+        except Exception as error:
+            if not is_outage(error):
+                log.exception("reconciler pass failed; will try again")
+            elif self.store_up_since is not None:
+                log.warning("reconciler: the store is unreachable", error=type(error).__name__)
+                self.store_up_since = None
+            return None
+        if self.store_up_since is None:
+            log.info("reconciler: the store is back; silent jobs get a full timeout first")
+            self.store_up_since = up_since
+        return report
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                reconcile_once(self.store, self.queue, self.settings)
-            except Exception:
-                log.exception("reconciler pass failed; will try again")
+            self.pass_once()
             self._stop.wait(self.settings.reconcile_interval_s)

@@ -37,8 +37,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.model_sources import resolve_model  # noqa: E402
+from core.model_sources import resolve_model  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from workers.accuracy import TaskResult, score_task  # noqa: E402
 from workers.loading import load_model  # noqa: E402
 from workers.mc_tasks import load_task  # noqa: E402

@@ -51,9 +51,9 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import psycopg  # noqa: E402
 
-from app.db import Store  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
-from app.tables import Result  # noqa: E402
+from core.migrate import upgrade  # noqa: E402
+from core.store import Store  # noqa: E402
+from core.tables import Result  # noqa: E402
 
 MODEL = "facebook/opt-125m"
 TARGET_P50_MS = 5.0

@@ -50,10 +50,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.model_sources import resolve_model  # noqa: E402
-from app.probe_plots import NoProbePoints, build_figure, figure_png  # noqa: E402
-from app.schemas import ProbePointPublic  # noqa: E402
+from app.schemas.probes import ProbePointPublic  # noqa: E402
+from app.views.probe_plots import NoProbePoints, build_figure, figure_png  # noqa: E402
+from core.model_sources import resolve_model  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.environment import run_environment  # noqa: E402
 from workers.loading import load_copy, load_model  # noqa: E402

@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.model_sources import resolve_model  # noqa: E402
+from core.model_sources import resolve_model  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
 from workers.environment import run_environment  # noqa: E402

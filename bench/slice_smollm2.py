@@ -46,8 +46,8 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.model_sources import resolve_model  # noqa: E402
+from core.model_sources import resolve_model  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus  # noqa: E402
 from workers.evaluate import effective_seqlen, perplexity  # noqa: E402
 from workers.loading import load_model  # noqa: E402

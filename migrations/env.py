@@ -1,12 +1,12 @@
-"""Alembic environment: runs against the URL handed in by app.migrate (or DATABASE_URL)."""
+"""Alembic environment: runs against the URL handed in by core.migrate (or DATABASE_URL)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from app.config import get_settings
-from app.db import make_engine
-from app.tables import Base
+from core.settings import get_settings
+from core.store import make_engine
+from core.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

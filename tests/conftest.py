@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,11 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from app.config import Settings
-from app.db import Store
 from app.main import create_app
-from app.migrate import upgrade
-from app.tables import Base
+from core.migrate import upgrade
+from core.settings import Settings
+from core.store import Store
+from core.tables import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("PRUNECAST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -50,18 +51,26 @@ def data_dir() -> Path:
     return path
 
 
+@contextmanager
+def scratch_database(prefix: str, admin_url: str = PG_ADMIN_URL) -> Iterator[str]:
+    """A new empty PostgreSQL database (SQLAlchemy URL) on `admin_url`'s server, dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = admin_url.rsplit("/", 1)[0]
+    try:
+        yield f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated Postgres database for this test run, dropped at the end."""
-    name = f"prunecast_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    url = f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
-    upgrade(url)
-    yield url
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("prunecast_test") as url:
+        upgrade(url)
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -179,6 +188,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "PRUNECAST_CACHE_DIR": str(settings.model_cache_dir),
             "PRUNECAST_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
             "PRUNECAST_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
+            "PRUNECAST_PROGRESS_TIMEOUT_S": str(settings.progress_timeout_s),
+            "PRUNECAST_STORE_RETRY_S": str(settings.store_retry_s),
             "PRUNECAST_LOG_FORMAT": "json",
         }
     )

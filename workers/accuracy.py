@@ -211,12 +211,65 @@ def score_encoded(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    _check_requests(encoded)
     max_length = _context_length(model)
+    plan = _plan_batches(model, encoded, batch_size, share_context, max_length)
+    results = [0.0] * len(encoded)
+    device = next(model.parameters()).device
+    keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+    done = forward_passes = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for kind, work in plan.batches:
+                if should_stop is not None and should_stop():
+                    raise EvaluationStopped(f"stopped after {done} of {len(encoded)} requests")
+                rows, scores, passes = _score_work(
+                    model, encoded, kind, work, device, keep_logits, max_length
+                )
+                forward_passes += passes
+                for row, score in zip(rows, scores, strict=True):
+                    results[row] = score
+                done += len(rows)
+                if progress is not None:
+                    progress(done, len(encoded))
+    finally:
+        model.train(was_training)
+    return ScoredRequests(
+        loglikelihoods=results,
+        truncated=plan.truncated,
+        forward_passes=forward_passes,
+        shared_contexts=plan.shared_contexts,
+    )
+
+
+def _check_requests(encoded: Sequence[EncodedRequest]) -> None:
     for request in encoded:
         if not request.continuation:
             raise ValueError("a continuation encoded to no tokens; every option needs at least one")
         if len(request.context) + len(request.continuation) < 2:
             raise ValueError("a request needs at least one token before its continuation (an empty prefix)")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The work of one scoring run: batches of ("shared", [group, ...]) or ("plain", [requests])."""
+
+    batches: list[tuple[str, list[list[int]]]]
+    truncated: int  # plain requests cut on the left to fit the context
+    shared_contexts: int
+
+
+def _plan_batches(
+    model: torch.nn.Module,
+    encoded: Sequence[EncodedRequest],
+    batch_size: int,
+    share_context: bool,
+    max_length: int | None,
+) -> _Plan:
+    """Group requests that share a context (when the model allows and they fit), longest first, and
+    batch the rest as plain rows, longest first (so padding stays small)."""
 
     def fits(index: int) -> bool:
         total = len(encoded[index].context) + len(encoded[index].continuation)
@@ -230,7 +283,6 @@ def score_encoded(
     in_shared = {index for members in shared for index in members}
     plain = [index for index in range(len(encoded)) if index not in in_shared]
 
-    # Work items, each one batch: ("shared", [group, ...]) or ("plain", [request, ...]).
     batches: list[tuple[str, list[list[int]]]] = []
     shared.sort(key=lambda members: (-_group_length(encoded, members), encoded[members[0]].context))
     current: list[list[int]] = []
@@ -247,49 +299,34 @@ def score_encoded(
     batches.extend(
         ("plain", [plain[start : start + batch_size]]) for start in range(0, len(plain), batch_size)
     )
-
-    results = [0.0] * len(encoded)
     truncated = sum(1 for index in plain if not fits(index))
-    device = next(model.parameters()).device
-    keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-    done = forward_passes = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for kind, work in batches:
-                if should_stop is not None and should_stop():
-                    raise EvaluationStopped(f"stopped after {done} of {len(encoded)} requests")
-                if kind == "shared":
-                    rows = [index for group in work for index in group]
-                    scores, passes = _score_shared_batch(
-                        model,
-                        [list(encoded[group[0]].context) for group in work],
-                        [[list(encoded[index].continuation) for index in group] for group in work],
-                        device,
-                        keep_logits,
-                    )
-                    forward_passes += passes
-                else:
-                    rows = work[0]
-                    pairs = [_truncated(encoded[index], max_length) for index in rows]
-                    scores = _score_batch(
-                        model, [inp for inp, _ in pairs], [tgt for _, tgt in pairs], device, keep_logits
-                    )
-                    forward_passes += 1
-                for row, score in zip(rows, scores, strict=True):
-                    results[row] = score
-                done += len(rows)
-                if progress is not None:
-                    progress(done, len(encoded))
-    finally:
-        model.train(was_training)
-    return ScoredRequests(
-        loglikelihoods=results,
-        truncated=truncated,
-        forward_passes=forward_passes,
-        shared_contexts=len(shared),
-    )
+    return _Plan(batches=batches, truncated=truncated, shared_contexts=len(shared))
+
+
+def _score_work(
+    model: torch.nn.Module,
+    encoded: Sequence[EncodedRequest],
+    kind: str,
+    work: list[list[int]],
+    device: torch.device,
+    keep_logits: bool,
+    max_length: int | None,
+) -> tuple[list[int], list[float], int]:
+    """Score one batch: (the requests it held, their log-likelihoods, forward passes it took)."""
+    if kind == "shared":
+        rows = [index for group in work for index in group]
+        scores, passes = _score_shared_batch(
+            model,
+            [list(encoded[group[0]].context) for group in work],
+            [[list(encoded[index].continuation) for index in group] for group in work],
+            device,
+            keep_logits,
+        )
+        return rows, scores, passes
+    rows = work[0]
+    pairs = [_truncated(encoded[index], max_length) for index in rows]
+    scores = _score_batch(model, [inp for inp, _ in pairs], [tgt for _, tgt in pairs], device, keep_logits)
+    return rows, scores, 1
 
 
 def context_sharing_supported(model: torch.nn.Module) -> bool:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from workers.slicing.families import UnsupportedArchitectureError
+from core.families import UnsupportedArchitectureError
 
 if TYPE_CHECKING:  # the adapters import torch-heavy slicing modules; only their type is needed here
     from workers.slicing.adapters import FamilyAdapter

@@ -1,4 +1,4 @@
-"""Calibration batches: the token windows SliceGPT's PCAs are computed on (science.md §1, step 7).
+"""Calibration batches: the token windows SliceGPT's PCAs are computed on (docs/science.md §1, step 7).
 
 A corpus is tokenised once as one stream; `num_sequences` windows of `seqlen` tokens start at
 offsets drawn uniformly (with replacement) from a `torch.Generator` seeded with `seed`, so the
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from app.config import Settings
+from core.settings import Settings
 from workers.data import TextCorpus, load_calibration_text, tokenize_corpus
 
 USER_TEXT_CORPUS = "text"  # CalibrationSpec.corpus value for text sent with the request

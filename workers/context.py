@@ -1,31 +1,45 @@
-"""A running job's handle on the store: claim, progress, heartbeat, cancellation, outcome.
+"""A running job's handle on the store: progress, heartbeat, cancellation, outputs and outcome.
 
-Every write is guarded by (status = running, attempts = this attempt): if the reconciler gave
-the job to another worker after this one went silent, this worker's late writes change nothing
-and it stops at its next safe point.
+Every write goes through `core.lifecycle`, guarded by this attempt's ownership: if the reconciler
+gave the job to another worker after this one went silent, this worker's late writes change
+nothing and it stops at its next safe point.
+
+The store may go away for a few seconds while a job runs. Progress and heartbeats are best effort
+(a write that fails is logged and the next one carries on); outputs, reads and the outcome are
+retried for `store_retry_s`. Only when the store stays away longer than that does the attempt give
+up without an outcome: the job stays `running`, its heartbeat stops, and the reconciler retries it
+once the store is back (`StoreUnavailable` reaches `workers.tasks`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy import Delete, delete, select, update
+from sqlalchemy import Delete, delete
+from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.db import Store
-from app.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result, utcnow
+from core import lifecycle
+from core.settings import Settings
+from core.store import Store, is_outage
+from core.tables import Artifact, Fit, Job, ProbePoint, Result
 
 log = structlog.get_logger(__name__)
 
-# Progress writes closer together than this are coalesced (stage changes always go through).
+T = TypeVar("T")
+
 PROGRESS_MIN_INTERVAL_S = 0.5
+"""Progress writes closer together than this are coalesced (stage changes always go through)."""
+PROGRESS_OUTAGE_PAUSE_S = 2.0
+"""After a progress write fails, skip progress writes this long (the job keeps working)."""
 
 
 class JobStopped(Exception):
@@ -37,65 +51,75 @@ class JobFailure(Exception):
 
 
 class JobContext:
-    def __init__(self, store: Store, settings: Settings, job: Job) -> None:
+    def __init__(self, store: Store, settings: Settings, job: Job, attempt: lifecycle.Attempt) -> None:
         self.store = store
         self.settings = settings
         self.job_id = job.id
         self.kind = job.kind
         self.request: dict[str, Any] = dict(job.request)
-        self.attempt = job.attempts
-        self.log = log.bind(job_id=job.id, kind=job.kind, attempt=job.attempts)
+        self.attempt = attempt.number
+        self._attempt = attempt
+        self.log = log.bind(job_id=job.id, kind=job.kind, attempt=attempt.number)
         self._cancel_seen = False
         self._superseded = False
         self._last_progress_write = 0.0
+        self._progress_paused_until = 0.0
         self._stage = "starting"
 
     @classmethod
     def claim(cls, store: Store, settings: Settings, job_id: str) -> JobContext | None:
         """Move a queued job to running for this worker; None if it is not ours to run."""
         worker = f"{socket.gethostname()}:{os.getpid()}"
-        now = utcnow()
-        with store.session() as session:
-            changed = session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == JobStatus.queued.value)
-                .values(
-                    status=JobStatus.running.value,
-                    attempts=Job.attempts + 1,
-                    started_at=now,
-                    heartbeat_at=now,
-                    stage="starting",
-                    progress=0.0,
-                    detail=None,
-                    worker=worker,
-                )
-            ).rowcount  # type: ignore[attr-defined]
-            if not changed:
+
+        def claim_it(session: Session) -> tuple[Job, lifecycle.Attempt] | None:
+            attempt = lifecycle.claim(session, job_id, worker)
+            if attempt is None:
                 return None
             job = session.get(Job, job_id)
-        assert job is not None
-        return cls(store, settings, job)
+            assert job is not None
+            return job, attempt
 
-    def _guard(self) -> Any:
-        return (
-            (Job.id == self.job_id) & (Job.status == JobStatus.running.value) & (Job.attempts == self.attempt)
-        )
+        claimed = store.retrying(claim_it, within_s=settings.store_retry_s, what="claiming the job")
+        return None if claimed is None else cls(store, settings, *claimed)
 
-    def _write(self, **values: Any) -> bool:
-        with self.store.session() as session:
-            changed = session.execute(update(Job).where(self._guard()).values(**values)).rowcount  # type: ignore[attr-defined]
-        if not changed:
-            self._superseded = True
-        return bool(changed)
+    # -- store access ------------------------------------------------------------------------
+    def _must(self, work: Callable[[Session], T], what: str) -> T:
+        """A write or read the job cannot go on without: retried through an outage."""
+        return self.store.retrying(work, within_s=self.settings.store_retry_s, what=what)
+
+    def read(self, work: Callable[[Session], T], what: str) -> T:
+        """Run a read of the job's own (e.g. the dense baseline to reuse) through outages."""
+        return self._must(work, what)
+
+    def _best_effort(self, work: Callable[[Session], T], what: str) -> T | None:
+        """A write the job can do without (progress, environment): one try; an outage is logged."""
+        try:
+            with self.store.session() as session:
+                return work(session)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            self.log.warning("store unreachable; carrying on without this write", what=what)
+            return None
 
     # -- progress and stopping -------------------------------------------------------------
     def report(self, stage: str, progress: float, detail: str | None = None) -> None:
         """Record where the job is; raises JobStopped at this safe point if it must stop."""
         now = time.monotonic()
-        if stage != self._stage or now - self._last_progress_write >= PROGRESS_MIN_INTERVAL_S:
+        due = stage != self._stage or now - self._last_progress_write >= PROGRESS_MIN_INTERVAL_S
+        if due and now >= self._progress_paused_until:
             self._stage = stage
             self._last_progress_write = now
-            self._write(stage=stage, progress=max(0.0, min(1.0, progress)), detail=detail)
+            owned = self._best_effort(
+                lambda session: lifecycle.record_progress(
+                    session, self._attempt, stage=stage, progress=progress, detail=detail
+                ),
+                "progress",
+            )
+            if owned is None:
+                self._progress_paused_until = now + PROGRESS_OUTAGE_PAUSE_S
+            elif not owned:
+                self._superseded = True
             self.log.info("progress", stage=stage, progress=round(progress, 4), detail=detail)
         self.check_stop()
 
@@ -117,8 +141,9 @@ class JobContext:
             raise JobStopped("canceled by request")
 
     @contextmanager
-    def heartbeat(self) -> Iterator[None]:
-        """Beat every heartbeat_interval_s in a thread, picking up cancel requests as it goes."""
+    def heartbeat(self, on_superseded: Callable[[], None] | None = None) -> Iterator[None]:
+        """Beat every heartbeat_interval_s in a thread, picking up cancel requests as it goes. When a
+        beat finds the attempt superseded, `on_superseded` runs once in that thread."""
         stop = threading.Event()
 
         def beat() -> None:
@@ -127,6 +152,9 @@ class JobContext:
                     self._beat_once()
                 except Exception:
                     self.log.warning("heartbeat write failed; will retry", exc_info=True)
+                if self._superseded and on_superseded is not None:
+                    on_superseded()
+                    return
 
         thread = threading.Thread(target=beat, name=f"heartbeat-{self.job_id}", daemon=True)
         thread.start()
@@ -137,44 +165,52 @@ class JobContext:
             thread.join(timeout=5)
 
     def _beat_once(self) -> None:
-        if not self._write(heartbeat_at=utcnow()):
+        try:
+            with self.store.session() as session:
+                cancel = lifecycle.beat(session, self._attempt)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            self.log.warning("store unreachable; heartbeat skipped")
             return
-        with self.store.session() as session:
-            requested = session.scalar(select(Job.cancel_requested).where(Job.id == self.job_id))
-        if requested:
+        if cancel is None:
+            self._superseded = True  # another attempt owns the job now
+        elif cancel:
             self._cancel_seen = True
 
     # -- outputs ---------------------------------------------------------------------------
     def set_environment(self, environment: dict[str, Any]) -> None:
-        self._write(environment=environment)
+        self._best_effort(
+            lambda session: lifecycle.record_environment(session, self._attempt, environment), "environment"
+        )
 
     def discard_earlier_attempts(self) -> None:
         """Delete what earlier attempts of this job stored, so a retry does not store it twice."""
-        with self.store.session() as session:
-            if session.scalar(select(Job.id).where(self._guard()).with_for_update()) is None:
-                self._superseded = True
-                raise JobStopped("this attempt was superseded before it started")
-            for table in (Result, Artifact, Fit, ProbePoint):
-                session.execute(delete(table).where(table.job_id == self.job_id))
+        owned = self._must(
+            lambda session: lifecycle.discard_earlier_attempts(session, self._attempt),
+            "discarding an earlier attempt's outputs",
+        )
+        if not owned:
+            self._superseded = True
+            raise JobStopped("this attempt was superseded before it started")
 
     def add_results(self, results: Sequence[Result]) -> None:
-        """Store results for this job, unless this attempt has been superseded."""
+        """Store results for this job, unless this attempt was superseded or asked to cancel."""
         self._add_rows(results, "results")
 
     def add_artifacts(self, artifacts: Sequence[Artifact]) -> None:
-        """Record files this job wrote (e.g. a sliced model), unless this attempt was superseded. A
-        folder written again (a resumed sweep re-measuring a sparsity) replaces its earlier row."""
-        rewritten = delete(Artifact).where(
-            Artifact.job_id == self.job_id, Artifact.path.in_([artifact.path for artifact in artifacts])
-        )
+        """Record files this job wrote (e.g. a sliced model). A folder written again (a resumed sweep
+        re-measuring a sparsity) replaces its earlier row."""
+        paths = [artifact.path for artifact in artifacts]
+        rewritten = delete(Artifact).where(Artifact.job_id == self.job_id, Artifact.path.in_(paths))
         self._add_rows(artifacts, "artifacts", replacing=rewritten)
 
     def add_fits(self, fits: Sequence[Fit]) -> None:
-        """Record laws fitted to this job's points, unless this attempt was superseded."""
+        """Record laws fitted to this job's points."""
         self._add_rows(fits, "fits")
 
     def add_probe_points(self, points: Sequence[ProbePoint]) -> None:
-        """Record a probe's measurements, unless this attempt was superseded."""
+        """Record a probe's measurements."""
         self._add_rows(points, "probe points")
 
     def _add_rows(
@@ -184,31 +220,59 @@ class JobContext:
         *,
         replacing: Delete | None = None,
     ) -> None:
-        """Add rows in one transaction guarded by this attempt's ownership, after `replacing` (rows
-        the new ones supersede) is deleted in the same transaction."""
-        with self.store.session() as session:
-            owner = session.scalar(select(Job.id).where(self._guard()).with_for_update())
-            if owner is None:
-                self._superseded = True
-                raise JobStopped(f"this attempt was superseded; its {what} are discarded")
+        """Add rows in one transaction that first locks the job row and checks this attempt still
+        owns it and no cancel was asked (`lifecycle.lock_for_output`), after `replacing` (rows the
+        new ones supersede) is deleted in the same transaction."""
+        job_id = self.job_id
+
+        def add(session: Session) -> None:
+            lifecycle.lock_for_output(session, self._attempt)
             if replacing is not None:
                 session.execute(replacing)
-            for row in rows:
-                row.job_id = self.job_id
-                session.add(row)
+            session.add_all([_with_job(row, job_id) for row in rows])
+
+        try:
+            self._must(add, f"storing {what}")
+        except lifecycle.OutputRefused as refused:
+            if refused.superseded:
+                self._superseded = True
+                raise JobStopped(f"this attempt was superseded; its {what} are discarded") from refused
+            self._cancel_seen = True
+            raise JobStopped(f"canceled by request; its {what} are discarded") from refused
 
     # -- outcome ---------------------------------------------------------------------------
     def succeed(self) -> None:
-        self._finish(JobStatus.succeeded, stage="done", progress=1.0)
+        """The job's outcome: succeeded, or canceled if a cancel arrived after the last safe point."""
+        if self._must(lambda session: lifecycle.succeed(session, self._attempt), "recording success"):
+            self.log.info("job finished", status="succeeded")
+            return
+        self.cancel()  # succeed refuses only a job asked to cancel, or one this attempt lost
 
     def fail(self, reason: str) -> None:
-        self._finish(JobStatus.failed, stage="failed", error=reason)
+        if self._must(lambda session: lifecycle.fail(session, self._attempt, reason), "recording failure"):
+            self.log.info("job finished", status="failed", error=reason)
+        else:
+            self.log.warning("job outcome not recorded: attempt superseded", status="failed")
 
     def cancel(self) -> None:
-        self._finish(JobStatus.canceled, stage="canceled", error="canceled by request")
+        """Canceled at a safe point: nothing it stored stays, its artifact folders included."""
+        paths = self._must(lambda session: lifecycle.cancel(session, self._attempt), "recording the cancel")
+        if paths is None:
+            self.log.warning("job outcome not recorded: attempt superseded", status="canceled")
+            return
+        remove_artifact_folders([*paths, str(self.settings.artifacts_dir / self.job_id)], self.settings)
+        self.log.info("job finished", status="canceled", removed_artifacts=len(paths))
 
-    def _finish(self, status: JobStatus, **values: Any) -> None:
-        if self._write(status=status.value, finished_at=utcnow(), **values):
-            self.log.info("job finished", status=status.value, error=values.get("error"))
-        else:
-            self.log.warning("job outcome not recorded: attempt superseded", status=status.value)
+
+def _with_job(row: Any, job_id: str) -> Any:
+    row.job_id = job_id
+    return row
+
+
+def remove_artifact_folders(paths: Sequence[str], settings: Settings) -> None:
+    """Delete the folders a canceled job wrote, when they lie in this host's artifact directory."""
+    root = settings.artifacts_dir.resolve()
+    for path in paths:
+        folder = Path(path).resolve()
+        if folder.is_relative_to(root) and folder != root:
+            shutil.rmtree(folder, ignore_errors=True)

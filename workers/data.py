@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.ipc
 import torch
 
-from app.config import Settings
+from core.settings import Settings
 
 WIKITEXT2_RELATIVE = Path("wikitext-2-raw") / "wiki.test.raw"
 # Calibration corpora: name -> (package, Arrow file inside it, text column).

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from app.config import Settings
-from app.model_sources import ModelSource
+from core.model_sources import ModelSource
+from core.settings import Settings
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -223,9 +224,27 @@ def _load_causal_lm(folder: Path, model_id: str, dtype: torch.dtype) -> PreTrain
         model = AutoModelForCausalLM.from_pretrained(
             folder, config=config, local_files_only=True, trust_remote_code=False, dtype=dtype
         )
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise ModelLoadError(f"model {model_id!r}: cannot load weights from {folder} ({error})") from error
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
+        corrupt = unreadable_weight_file(folder)
+        where = (
+            f"the weights file {corrupt} is unreadable" if corrupt else f"cannot load weights from {folder}"
+        )
+        raise ModelLoadError(
+            f"model {model_id!r}: {where} ({type(error).__name__}: {error}); replace the file or the "
+            "model folder"
+        ) from error
     return model
+
+
+def unreadable_weight_file(folder: Path) -> Path | None:
+    """The first safetensors file of `folder` whose header does not parse (truncated, corrupt)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError):
+            return path
+    return None
 
 
 def _check_model_type(folder: Path, model_id: str) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.deps import ServicesDep
-from app.schemas import Health
+from app.problems import ProblemError, problem_responses
+from app.schemas.health import Health
 
 router = APIRouter(tags=["health"])
 
@@ -19,9 +19,12 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-def readyz(services: ServicesDep) -> Response:
-    """Readiness: the store and the queue are reachable (503 and the failing check otherwise)."""
+@router.get(
+    "/readyz", response_model=Health, responses=problem_responses({503: "Store or queue unreachable"})
+)
+def readyz(services: ServicesDep) -> Health:
+    """Readiness: the store and the queue are reachable (a 503 problem naming the failing check
+    otherwise, with `checks` as on success)."""
     checks: dict[str, str] = {}
     try:
         with services.store.session() as session:
@@ -34,13 +37,26 @@ def readyz(services: ServicesDep) -> Response:
         checks["queue"] = "ok"
     except Exception as error:
         checks["queue"] = f"unavailable: {error}"
-    ready = all(value == "ok" for value in checks.values())
-    body = Health(status="ok" if ready else "unavailable", checks=checks)
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    failing = sorted(name for name, value in checks.items() if value != "ok")
+    if failing:
+        raise ProblemError(
+            503,
+            f"not ready: {', '.join(f'{name} {checks[name]}' for name in failing)}",
+            slug="not-ready",
+            title="Not ready",
+            headers={"Retry-After": str(services.settings.store_retry_after_s)},
+            checks=checks,
+        )
+    return Health(status="ok", checks=checks)
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+metrics_router = APIRouter(tags=["health"])
+"""/metrics alone: behind the API token only when PRUNECAST_METRICS_REQUIRE_TOKEN is set (create_app)."""
+
+
+@metrics_router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 def metrics(services: ServicesDep) -> Response:
-    """Prometheus exposition: HTTP traffic, jobs by kind and status, job durations, queue depth."""
+    """Prometheus exposition: HTTP traffic, jobs by kind and status, job durations, queue depth. Behind
+    the API token when PRUNECAST_METRICS_REQUIRE_TOKEN is set."""
     registry = services.metrics_registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

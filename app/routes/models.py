@@ -12,69 +12,18 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.deps import Services, ServicesDep
-from app.laws import DEFAULT_LEVEL
-from app.plots import curve_png, curve_svg
-from app.problems import Problem, ProblemError
-from app.schemas import CurvePublic, PredictMetric, StoredMethod
-from app.series import (
-    PPL,
-    Selector,
-    SeriesError,
-    build_curve,
-    calibrate,
-    load_series,
-    pooled_accuracy_prior,
-)
+from app.deps import ServicesDep
+from app.problems import problem_responses
+from app.schemas.predictions import CurvePublic, PredictMetric
+from app.services.curves import load_curve, selector_from
+from app.views.curve_plots import curve_png, curve_svg
+from core.laws import DEFAULT_LEVEL
+from core.methods import DEFAULT_METHOD
+from core.specs.pruning import StoredMethod
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 CURVE_MEDIA = {"svg": "image/svg+xml", "png": "image/png"}
-
-
-def load_curve(
-    services: Services,
-    model: str,
-    method: str,
-    metric: str,
-    task: str | None,
-    selector: Selector,
-    level: float = DEFAULT_LEVEL,
-) -> CurvePublic:
-    """The curve of one model, method, metric (and task) and protocol; 404 without a dense baseline,
-    409 when the stored points cannot be fitted."""
-    if (metric == PPL) == (task is not None):
-        raise ProblemError(
-            422,
-            "`task` names the multiple-choice task of `acc` / `acc_norm` and is not taken by `ppl`",
-            slug="validation-error",
-        )
-    key = (metric, task)
-    series = load_series(services.store, model, method, [key], selector)[key]
-    if series.dense is None:
-        what = f"{metric} ({series.selection})" if metric == PPL else f"{metric} of task {task}"
-        raise ProblemError(
-            404,
-            f"no measured dense baseline of {model!r} for {what}: measure one (POST /v1/jobs with an "
-            "`evaluate` job; POST /v1/predictions names it) before drawing its curve",
-            slug="baseline-missing",
-            title="No curve",
-        )
-    prior = None
-    if metric != PPL and not any(p.value > (series.chance or 0.0) for p in series.pruned):
-        prior = pooled_accuracy_prior(services.store, method, metric, (series.model, str(task)))
-    try:
-        return build_curve(series, calibrate(series, prior), level)
-    except SeriesError as error:
-        raise ProblemError(
-            409, f"the stored points cannot be fitted: {error}", slug="unfittable-points"
-        ) from error
-
-
-def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dtype: str | None) -> Selector:
-    windows: int | Literal["all"] | None
-    windows = None if max_windows is None else "all" if max_windows == "all" else int(max_windows)
-    return Selector(dataset=dataset, seqlen=seqlen, max_windows=windows, dtype=dtype)
 
 
 @router.get(
@@ -85,9 +34,9 @@ def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dty
             "description": "JSON, or the plot with `format=svg` / `format=png`",
             "content": {"image/svg+xml": {}, "image/png": {}},
         },
-        404: {"model": Problem, "description": "No dense baseline stored for this curve"},
-        409: {"model": Problem, "description": "Stored points cannot be fitted"},
-        422: {"model": Problem, "description": "Invalid query"},
+        **problem_responses(
+            {404: "No dense baseline stored for this curve", 409: "Stored points cannot be fitted"}
+        ),
     },
 )
 def model_curves(
@@ -99,7 +48,7 @@ def model_curves(
     ] = None,
     method: Annotated[
         StoredMethod, Query(description="Pruning method of the pruned points, as results store it.")
-    ] = "slicegpt",
+    ] = DEFAULT_METHOD,
     dataset: Annotated[Literal["wikitext2"], Query(description="Corpus of `ppl`.")] = "wikitext2",
     seqlen: Annotated[int | None, Query(ge=16, le=131_072, description="Protocol window length.")] = None,
     max_windows: Annotated[

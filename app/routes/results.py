@@ -1,4 +1,4 @@
-"""/v1/results: every measured (and, later, predicted) number, filterable."""
+"""/v1/results: every measured number, with the protocol that produced it, filterable."""
 
 from __future__ import annotations
 
@@ -7,34 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from app.deps import SessionDep
+from app.deps import CursorQuery, SessionDep
 from app.pagination import keyset_page
 from app.problems import ProblemError
-from app.schemas import ResultList, ResultPublic
-from app.tables import Result
+from app.schemas.results import ResultList, ResultPublic
+from core.tables import Result
 
 router = APIRouter(prefix="/v1/results", tags=["results"])
-
-
-def result_public(row: Result) -> ResultPublic:
-    return ResultPublic(
-        id=row.id,
-        job_id=row.job_id,
-        model=row.model_id,
-        model_revision=row.model_revision,
-        method=row.method,
-        sparsity=row.sparsity,
-        metric=row.metric,
-        dataset=row.dataset,
-        split=row.split,
-        value=row.value,
-        stderr=row.stderr,
-        n=row.n,
-        source=row.source,
-        law=row.law,
-        protocol=row.protocol,
-        created_at=row.created_at,
-    )
 
 
 @router.get("", response_model=ResultList)
@@ -47,9 +26,7 @@ def list_results(
     sparsity_min: Annotated[float | None, Query(ge=0, le=1)] = None,
     sparsity_max: Annotated[float | None, Query(ge=0, le=1)] = None,
     job_id: Annotated[str | None, Query(max_length=36)] = None,
-    cursor: Annotated[
-        int | None, Query(ge=0, le=2**62, description="`next_cursor` of the previous page.")
-    ] = None,
+    cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> ResultList:
     """Results, newest first, with filters and cursor pagination."""
@@ -71,4 +48,4 @@ def list_results(
     if sparsity_max is not None:
         query = query.where(Result.sparsity <= sparsity_max)
     page, next_cursor = keyset_page(session, query, Result.id, cursor, limit, newest_first=True)
-    return ResultList(items=[result_public(row) for row in page], next_cursor=next_cursor)
+    return ResultList(items=[ResultPublic.model_validate(row) for row in page], next_cursor=next_cursor)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.tables
+import core.tables
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -27,12 +27,12 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("request", sa.JSON(), nullable=False),
         sa.Column("model_id", sa.String(length=512), nullable=False),
-        sa.Column("created_at", app.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", app.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("enqueued_at", app.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("started_at", app.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("finished_at", app.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("heartbeat_at", app.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", core.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", core.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("enqueued_at", core.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("started_at", core.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", core.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("heartbeat_at", core.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("stage", sa.String(length=64), nullable=False),
         sa.Column("progress", sa.Float(), nullable=False),
         sa.Column("detail", sa.String(length=256), nullable=True),
@@ -59,7 +59,7 @@ def upgrade() -> None:
         sa.Column("path", sa.String(length=1024), nullable=False),
         sa.Column("bytes", sa.BigInteger(), nullable=False),
         sa.Column("sha256", sa.String(length=64), nullable=False),
-        sa.Column("created_at", app.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", core.tables.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
@@ -100,7 +100,7 @@ def upgrade() -> None:
         sa.Column("n", sa.Integer(), nullable=True),
         sa.Column("source", sa.String(length=16), nullable=False),
         sa.Column("law", sa.String(length=64), nullable=True),
-        sa.Column("created_at", app.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", core.tables.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )

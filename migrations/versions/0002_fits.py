@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.tables
+import core.tables
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -37,7 +37,7 @@ def upgrade() -> None:
         sa.Column("points", sa.JSON(), nullable=False),
         sa.Column("quality", sa.JSON(), nullable=False),
         sa.Column("chosen_reason", sa.Text(), nullable=False),
-        sa.Column("created_at", app.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", core.tables.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from app.config import Settings
 from app.main import create_app
+from core.settings import Settings
 
 
 def free_port() -> int:
@@ -22,11 +22,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(settings: Settings) -> Iterator[str]:
-    """Serve create_app(settings) on a free loopback port; yields the base URL."""
+def live_server(settings: Settings, *, keep_alive_s: int = 5) -> Iterator[str]:
+    """Serve create_app(settings) on a free loopback port; yields the base URL. Idle keep-alive
+    connections are closed after `keep_alive_s` (uvicorn's default: 5)."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None, access_log=False
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.db import Store
-from app.tables import Job, Result
+from core.store import Store
+from core.tables import Job, Result
 
-# WikiText-2 token PPL, seqlen 2048, 128 calibration samples (SliceGPT, science.md §1)
+# WikiText-2 token PPL, seqlen 2048, 128 calibration samples (SliceGPT, docs/science.md §1)
 OPT_125M_DENSE = 27.64
 OPT_125M_SLICED = {0.10: 29.33, 0.20: 34.53, 0.25: 38.13, 0.30: 44.61}
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.db import Store
-from app.tables import ProbePoint
+from core.store import Store
+from core.tables import ProbePoint
 from tests.app.store_points import add_job
 
 SPACES = ("embedding", "logits", "probs")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.schemas import ACCURACY_TASKS
+from core.specs.common import ACCURACY_TASKS
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import prune_body, wait_done
 from workers.mc_tasks import task_names

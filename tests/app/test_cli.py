@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.cli import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, main
-from app.migrate import upgrade
+from core.migrate import upgrade
 from tests.app.live_server import free_port, live_server
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from app.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
-from app.config import Settings
-from app.db import Store
+from core.settings import Settings
+from core.store import Store
 from tests.app.live_server import live_server
 from tests.app.store_points import OPT_125M_DENSE, add_series
 
@@ -91,7 +91,7 @@ def test_submit_wait_gates_use_the_jobs_measured_results(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    from app.migrate import upgrade
+    from core.migrate import upgrade
 
     settings = make_settings()  # embedded: SQLite + in-process worker runs the job
     upgrade(settings.store_url)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Store
+from core.settings import Settings
+from core.store import Store
 from tests.app.live_server import live_server
 from tests.app.store_points import OPT_125M_DENSE, add_job, add_series
 from tests.app.test_jobs_api import assert_problem
@@ -50,7 +50,7 @@ def test_report_shows_the_job_its_results_curves_and_a_probe_placeholder(
 def test_report_escapes_a_malicious_model_name_everywhere(api: TestClient, clean_store: Store) -> None:
     job_id = add_job(clean_store, EVIL, kind="prune", status="failed", error=EVIL)
     with clean_store.session() as session:
-        from app.tables import Job
+        from core.tables import Job
 
         row = session.get(Job, job_id)
         assert row is not None

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.main import create_app
+from core.settings import Settings
 
 PROBLEM = "application/problem+json"
 

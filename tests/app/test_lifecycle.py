@@ -4,21 +4,18 @@ lose a job or leave it `running`."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from app.config import Settings
-from app.db import Store
 from app.main import create_app
-from app.migrate import upgrade
-from app.tables import Job
+from core.migrate import upgrade
+from core.settings import Settings
+from core.store import Store
+from core.tables import Job
 from tests.app.test_jobs_api import evaluate_body
 from tests.conftest import wait_for
 
@@ -100,29 +97,6 @@ def test_jobs_queued_when_redis_is_flushed_still_run(
         assert done["status"] == "succeeded", done
 
 
-def test_worker_killed_mid_job_is_retried_and_completes(
-    api: TestClient, start_worker: Any, tiny_model_dir: Path
-) -> None:
-    worker = start_worker()
-    job = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), **LONG_RUN)).json()
-    running = wait_for(
-        lambda: (state := job_state(api, job["id"]))["stage"] == "perplexity" and state, 120, "the job to run"
-    )
-    horse_pid = int(running["worker"].rsplit(":", 1)[1])  # RQ's work horse runs in its own group
-    worker.kill(signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(horse_pid, signal.SIGKILL)
-    requeued = wait_for(
-        lambda: (state := job_state(api, job["id"]))["status"] == "queued" and state,
-        30,
-        "the dead job to be requeued",
-    )
-    assert "lost its worker" in requeued["error"] and requeued["attempts"] == 1
-    start_worker()
-    done = wait_terminal(api, job["id"], 300)
-    assert done["status"] == "succeeded" and done["attempts"] == 2, done
-
-
 def test_dead_job_without_attempts_left_fails_with_reason(
     api: TestClient, rq_settings: Settings, tiny_model_dir: Path
 ) -> None:
@@ -167,7 +141,7 @@ def test_embedded_restart_picks_up_jobs_left_queued(make_settings: Any, tiny_mod
 def test_a_retried_job_replaces_what_its_dead_attempt_stored(
     make_settings: Any, clean_store: Store, tiny_model_dir: Path
 ) -> None:
-    from app.tables import Result
+    from core.tables import Result
     from workers.tasks import execute_job
 
     settings = make_settings(database_url=clean_store.url)

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
-from app.db import Store
-from app.tables import Result
+from core.store import Store
+from core.tables import Result
 from tests.app.store_points import OPT_125M_DENSE, OPT_125M_SLICED, add_series, ppl_protocol
 from tests.app.test_jobs_api import assert_problem
 from tests.conftest import REPO_ROOT

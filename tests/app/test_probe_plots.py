@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db import Store
+from core.store import Store
 from tests.app.store_points import add_job
 from tests.app.store_probes import add_probe_points, counterfactual_points, probe_job
 from tests.app.test_jobs_api import assert_problem

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db import Store
-from app.probes import EstimatedPoint, pearson, summarize
-from app.tables import Artifact
+from app.services.probe_summary import EstimatedPoint, pearson, summarize
+from core.store import Store
+from core.tables import Artifact
 from tests.app.store_points import add_job
 from tests.app.store_probes import add_probe_points, counterfactual_points, probe_job
 from tests.app.test_jobs_api import assert_problem

@@ -16,7 +16,7 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
-from app.config import Settings
+from core.settings import Settings
 from tests.app.test_jobs_api import assert_problem
 from workers.data import load_wikitext2_test, tokenize_corpus
 from workers.evaluate import perplexity

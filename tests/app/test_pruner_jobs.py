@@ -13,13 +13,12 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
-from app.lm_eval_export import lm_eval_export
-from app.pruning import result_method
-from app.schemas import PRUNE_METHODS, StoredMethod
-from app.tables import Job, Result
+from app.views.lm_eval import lm_eval_export
+from core.methods import METHODS
+from core.specs.pruning import StoredMethod
+from core.tables import Job, Result
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import job_results, prune_body, wait_done
-from workers.pruning import INTRA_LAYER_METHODS, PATTERNS
 
 
 def test_wanda_2_4_job_stores_its_pattern_in_the_method_and_saves_a_stock_checkpoint(
@@ -84,12 +83,10 @@ def test_magnitude_job_needs_no_calibration_data(
 
 
 def test_every_stored_method_name_can_be_asked_for_in_curves_and_predictions() -> None:
-    stored = {
-        result_method(method, pattern)
-        for method in PRUNE_METHODS
-        for pattern in (PATTERNS if method in INTRA_LAYER_METHODS else ("unstructured",))
-    }
+    stored = {entry.stored_name(pattern) for entry in METHODS.values() for pattern in entry.patterns}
     assert stored == set(get_args(StoredMethod))
+    assert {"wanda-2:4", "sparsegpt-4:8", "magnitude", "shortgpt"} <= stored
+    assert not any(name.startswith(("shortgpt-", "slicegpt-")) for name in stored)  # no N:M for those
 
 
 def test_lm_eval_export_of_a_2_4_prune_job_finds_its_rows_under_the_stored_method_name() -> None:

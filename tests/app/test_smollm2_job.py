@@ -36,7 +36,7 @@ def test_evaluate_smollm2_over_http_stores_a_plausible_perplexity(api: TestClien
 def test_probe_of_smollm2_with_attention_drop_tracks_kl_with_its_taylor_estimate(
     api: TestClient, start_worker: Any
 ) -> None:
-    """The claim the per-layer probe rests on (science.md §3), on real weights: across layers 2..L-1
+    """The claim the per-layer probe rests on (docs/science.md §3), on real weights: across layers 2..L-1
     the Taylor estimate Var_p(dz)/2T² follows the exact KL of each dropped attention branch."""
     worker = start_worker()
     body = {

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.schemas import MAX_SWEEP_SPARSITIES
+from core.settings import Settings
+from core.specs.jobs import MAX_SWEEP_SPARSITIES
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import job_results, log_entries, prune_body, wait_done
 from tests.conftest import wait_for
@@ -119,29 +120,34 @@ def test_sweep_measures_every_sparsity_against_one_dense_baseline_and_stores_the
     assert pruned["slicegpt/param_fraction_removed"]["value"] == fraction[0.25]["value"]
 
 
-def test_cancel_mid_sweep_stops_at_a_safe_point_and_keeps_the_measured_sparsities(
-    api: TestClient, start_worker: Any, tiny_model_dir: Path
+def test_cancel_mid_sweep_stops_at_a_safe_point_and_keeps_nothing_it_stored(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path, rq_settings: Settings
 ) -> None:
     worker = start_worker()
     sparsities = [round(0.05 * i, 2) for i in range(1, 18)]  # up to 0.85: D = 64 keeps 8 dimensions
-    body = sweep_body(str(tiny_model_dir), sparsities, perplexity={"seqlen": 64, "max_windows": 8})
+    body = sweep_body(
+        str(tiny_model_dir), sparsities, perplexity={"seqlen": 64, "max_windows": 8}, save_artifacts=True
+    )
     job = api.post("/v1/jobs", json=body).json()
     wait_for(
-        lambda: re.search(r"\((?:[2-9]|1\d)/\d+\)", api.get(f"/v1/jobs/{job['id']}").json()["detail"] or ""),
+        lambda: re.search(r"\((?:[3-9]|1\d)/\d+\)", api.get(f"/v1/jobs/{job['id']}").json()["detail"] or ""),
         timeout=90,
-        what="the sweep to reach its second sparsity",
+        what="the sweep to reach its third sparsity",
         interval=0.05,
     )
+    stored = items(api, f"/v1/jobs/{job['id']}/results")
+    assert any(r["method"] == "slicegpt" for r in stored) and items(api, f"/v1/jobs/{job['id']}/artifacts")
     canceled = api.delete(f"/v1/jobs/{job['id']}")
     assert canceled.status_code == 202, canceled.text
     done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
     assert done["status"] == "canceled", (done, worker.output()[-3000:])
 
-    results = items(api, f"/v1/jobs/{job['id']}/results")
-    ppl = sorted(r["sparsity"] for r in results if r["method"] == "slicegpt" and r["metric"] == "ppl")
-    fraction = sorted(r["sparsity"] for r in results if r["metric"] == "param_fraction_removed")
-    assert 1 <= len(ppl) < len(sparsities) and ppl == fraction == sparsities[: len(ppl)]
+    # Nothing partial: no point, no dense baseline for later jobs to reuse, no fit, no model on disk.
+    assert items(api, f"/v1/jobs/{job['id']}/results") == []
+    assert items(api, "/v1/results", job_id=job["id"]) == []
     assert items(api, "/v1/fits", job_id=job["id"]) == []
+    assert items(api, f"/v1/jobs/{job['id']}/artifacts") == []
+    assert not (rq_settings.artifacts_dir / job["id"]).exists()
 
 
 @pytest.mark.parametrize(

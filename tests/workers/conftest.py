@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.config import Settings
+from core.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from app.config import Settings
-from app.model_sources import ModelSourceError, resolve_model
+from core.model_sources import ModelSourceError, resolve_model
+from core.settings import Settings
 from tests.tiny_models import VOCAB_SIZE, build_byte_tokenizer
 from workers.accuracy import (
     DocScore,

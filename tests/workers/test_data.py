@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from app.config import Settings
+from core.settings import Settings
 from workers import data
 from workers.data import (
     DataMissingError,

@@ -12,10 +12,10 @@ import torch
 from sqlalchemy import select
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from app.config import Settings
-from app.db import Store
-from app.schemas import PerplexitySpec
-from app.tables import Artifact, Base, Job, Result
+from core.settings import Settings
+from core.specs.common import PerplexitySpec
+from core.store import Store
+from core.tables import Artifact, Base, Job, Result
 from workers.context import JobContext, JobFailure
 from workers.kinds.probe import tokenize
 from workers.kinds.steps import find_dense_baseline, measure_perplexity, stage_progress, step_reporter
@@ -57,7 +57,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     Base.metadata.create_all(store.engine)
     with store.session() as session:
-        session.add(Job(id="job-1", kind="evaluate", request={}, model_id="m", request_hash="h"))
+        session.add(
+            Job(id="job-1", kind="evaluate", request={}, model_id="m", request_hash="h", status="succeeded")
+        )
     yield store
     store.dispose()
 
@@ -80,12 +82,29 @@ def add_result(store: Store, **fields: Any) -> int:
     return row.id
 
 
+def find(store: Store, **options: Any) -> Result | None:
+    with store.session() as session:
+        return find_dense_baseline(session, "m", None, "wikitext2", PROTOCOL, **options)
+
+
 def test_dense_baseline_is_the_newest_with_the_same_model_data_and_protocol(store: Store) -> None:
     add_result(store)
     newest = add_result(store, value=11.0)
     add_result(store, method="slicegpt", sparsity=0.2)
-    found = find_dense_baseline(store, "m", None, "wikitext2", PROTOCOL)
+    found = find(store)
     assert found is not None and found.id == newest
+
+
+@pytest.mark.parametrize("status", ["queued", "running", "failed", "canceled"])
+def test_a_baseline_of_an_unfinished_job_is_reused_only_by_that_job(store: Store, status: str) -> None:
+    with store.session() as session:
+        session.add(Job(id="job-2", kind="prune", request={}, model_id="m", request_hash="h2", status=status))
+    older = add_result(store)
+    unfinished = add_result(store, job_id="job-2", value=12.0)
+    found = find(store)
+    assert found is not None and found.id == older  # its rows may still vanish: never shared
+    own = find(store, own_job_id="job-2")
+    assert own is not None and own.id == unfinished  # a resumed attempt finds its own
 
 
 @pytest.mark.parametrize(
@@ -103,7 +122,7 @@ def test_dense_baseline_is_the_newest_with_the_same_model_data_and_protocol(stor
 )
 def test_a_baseline_measured_differently_is_not_reused(store: Store, different: dict[str, Any]) -> None:
     add_result(store, **different)
-    assert find_dense_baseline(store, "m", None, "wikitext2", PROTOCOL) is None
+    assert find(store) is None
 
 
 def running_context(store: Store, settings: Settings) -> JobContext:

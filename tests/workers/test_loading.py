@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, T5Config
 
-from app.config import Settings
-from app.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.settings import Settings
 from tests.tiny_models import build_tiny_causal_lm
 from workers import loading
 from workers.loading import ModelLoadError, conversion_key, ensure_converted, load_model
@@ -120,6 +120,19 @@ def test_folder_with_config_but_no_weights_is_a_load_error(
         weights.unlink()
     settings = worker_settings()
     with pytest.raises(ModelLoadError, match="cannot load weights"):
+        load_model(resolve_model(str(folder), settings), settings, device="cpu")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_corrupt_weights_file_is_a_load_error_naming_the_file(
+    tmp_path: Path, worker_settings: Callable[..., Settings], damage: str
+) -> None:
+    folder = build_tiny_causal_lm(tmp_path / f"corrupt-{damage}")
+    (weights,) = folder.glob("*.safetensors")
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\xff" * 64 + data[64:])
+    settings = worker_settings()
+    with pytest.raises(ModelLoadError, match=rf"the weights file {weights.resolve()} is unreadable"):
         load_model(resolve_model(str(folder), settings), settings, device="cpu")
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from app.config import Settings
-from app.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.settings import Settings
 from workers.data import load_wikitext2_test, tokenize_corpus
 from workers.evaluate import effective_seqlen, perplexity
 from workers.loading import CONVERSION_RECORD, LoadedModel, load_model

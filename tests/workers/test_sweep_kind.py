@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select, update
 
-from app.config import Settings
-from app.db import Store
-from app.schemas import SweepJobCreate
-from app.tables import Base, Fit, Job, JobStatus, Result
+from core.settings import Settings
+from core.specs.jobs import SweepJobCreate
+from core.store import Store
+from core.tables import Base, Fit, Job, JobStatus, Result
 from workers.context import JobContext
 from workers.kinds.sweep import sparsity_label
 from workers.tasks import execute_job

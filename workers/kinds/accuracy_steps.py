@@ -11,13 +11,16 @@ a later job when model, revision and ACCURACY_MATCH_KEYS agree (`steps.find_dens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
+from sqlalchemy.orm import Session
 
-from app.model_sources import ModelSource
-from app.schemas import AccuracySpec
-from app.tables import Result
+from core.methods import DENSE
+from core.model_sources import ModelSource
+from core.specs.common import AccuracySpec
+from core.tables import Result
 from workers.accuracy import TaskResult, score_task
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
@@ -166,6 +169,25 @@ def accuracy_results(
     ]
 
 
+def _dense_rows(
+    session: Session, *, source: ModelSource, loaded: LoadedModel, plan: TaskPlan, own_job_id: str
+) -> dict[str, Result | None]:
+    """The reusable dense result of each metric of the task (None where there is none)."""
+    return {
+        metric: find_dense_baseline(
+            session,
+            source.model_id,
+            loaded.revision,
+            plan.name,
+            plan.match,
+            metric=metric,
+            match_keys=ACCURACY_MATCH_KEYS,
+            own_job_id=own_job_id,
+        )
+        for metric in plan.metrics
+    }
+
+
 def dense_accuracy(
     context: JobContext,
     source: ModelSource,
@@ -183,18 +205,10 @@ def dense_accuracy(
     stored as (dense, 0) results of this job."""
     found: dict[str, DenseAccuracy] = {}
     for plan in plans:
-        rows = {
-            metric: find_dense_baseline(
-                context.store,
-                source.model_id,
-                loaded.revision,
-                plan.name,
-                plan.match,
-                metric=metric,
-                match_keys=ACCURACY_MATCH_KEYS,
-            )
-            for metric in plan.metrics
-        }
+        rows = context.read(
+            partial(_dense_rows, source=source, loaded=loaded, plan=plan, own_job_id=context.job_id),
+            f"looking for a dense {plan.name} accuracy to reuse",
+        )
         if all(row is not None for row in rows.values()):
             reused = {metric: row for metric, row in rows.items() if row is not None}
             found[plan.name] = DenseAccuracy(
@@ -211,7 +225,7 @@ def dense_accuracy(
             measured,
             source=source,
             loaded=loaded,
-            method="dense",
+            method=DENSE,
             sparsity=0.0,
             seed=seed,
             environment=environment,

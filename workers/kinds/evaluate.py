@@ -6,8 +6,9 @@ Stages: loading model, then perplexity (detail "window i/W") when asked, then ac
 
 from __future__ import annotations
 
-from app.schemas import EvaluateJobCreate
-from app.tables import Result
+from core.methods import DENSE
+from core.specs.jobs import EvaluateJobCreate
+from core.tables import Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, load_wikitext2_test, tokenize_corpus
 from workers.environment import run_environment
@@ -51,7 +52,7 @@ def run(context: JobContext) -> None:
                 Result(
                     model_id=source.model_id,
                     model_revision=loaded.revision,
-                    method="dense",
+                    method=DENSE,
                     sparsity=0.0,
                     metric="ppl",
                     dataset=ppl_spec.dataset,
@@ -84,7 +85,7 @@ def run(context: JobContext) -> None:
                     scored,
                     source=source,
                     loaded=loaded,
-                    method="dense",
+                    method=DENSE,
                     sparsity=0.0,
                     seed=spec.seed,
                     environment=environment,

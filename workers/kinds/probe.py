@@ -1,4 +1,4 @@
-"""`probe` jobs: where a pruning bends the model, measured against its dense model (science.md §3).
+"""`probe` jobs: where a pruning bends the model, measured against its dense model (docs/science.md §3).
 
 Stages and the share of the job's progress each one covers:
 
@@ -24,20 +24,21 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 from transformers import PreTrainedModel
 
-from app.pruning import result_method
-from app.schemas import ProbeJobCreate
-from app.tables import Artifact, Job, ProbePoint, Result
+from core.methods import METHODS, UNSTRUCTURED, result_method
+from core.specs.probe import ProbeJobCreate
+from core.tables import Artifact, Job, ProbePoint, Result
 from workers.context import JobContext, JobFailure
 from workers.environment import run_environment
 from workers.kinds.prune_steps import (
-    ARTIFACT_KIND,
     NO_DATASET,
     apply_method,
     check_prunable,
@@ -58,10 +59,7 @@ from workers.probing import (
     model_probe,
     option_token_ids,
 )
-from workers.pruning import PRUNED_ARTIFACT_KIND, load_pruned
-from workers.slicing.adapters import match_structure
-from workers.slicing.artifacts import load_sliced, read_slicing_config
-from workers.slicing.engine import SlicingReport
+from workers.pruners import ARTIFACT_PRUNERS, PruneOptions, block_count, pruner_for
 
 LOAD_END = 0.05
 PRUNE_END = 0.35
@@ -83,12 +81,26 @@ class PrunedModel:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class ProbeRun:
+    """One probe job's two models and prompts, and what its probes measured so far and cost."""
+
+    context: JobContext
+    spec: ProbeJobCreate
+    dense: LoadedModel
+    pruned: PrunedModel
+    prompts: list[ProbePrompt]
+    input_ids: list[torch.Tensor]  # one (T,) per prompt
+    records: list[ProbeRecord] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # probe -> why it did not run
+    timings: dict[str, float] = field(default_factory=dict)
+
+
 def run(context: JobContext) -> None:
     spec = ProbeJobCreate.model_validate(context.request)
     started = time.perf_counter()
     context.report("loading model", 0.0, spec.model)
     source, dense = load_for_job(context, spec)
-    dense_module: torch.nn.Module = dense.model
     environment = run_environment(dense.device)
     context.set_environment(environment)
     timings = {"load_s": lap(started)}
@@ -106,66 +118,91 @@ def run(context: JobContext) -> None:
         if spec.artifact_job_id is not None
         else pruned_in_job(context, spec, dense)
     )
-    timings.update(pruned.timings)
+    probed = ProbeRun(context, spec, dense, pruned, prompts, input_ids, timings={**timings, **pruned.timings})
+    for probe in (probe_models, probe_counterfactual, probe_generation, probe_choices):
+        probe(probed)
+    probed.timings["total_s"] = lap(started)
+    store_probes(probed, source.model_id, environment)
 
-    records: list[ProbeRecord] = []
-    skipped: dict[str, str] = {}
-    lap_started = time.perf_counter()
-    context.report("model", PRUNE_END, f"{len(prompts)} prompts")
-    records += model_probe(dense.model, pruned.model, input_ids, temperature=spec.temperature)
-    timings["model_probe_s"] = lap(lap_started)
-    timings["dense_pass_s"] = time_dense_pass(dense_module, input_ids)
 
+def probe_models(probed: ProbeRun) -> None:
+    """Both full models on the prompts, and one dense pass over them: the cost unit."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
+    started = time.perf_counter()
+    context.report("model", PRUNE_END, f"{len(probed.input_ids)} prompts")
+    probed.records += model_probe(dense.model, pruned.model, probed.input_ids, temperature=spec.temperature)
+    probed.timings["model_probe_s"] = lap(started)
+    dense_module: torch.nn.Module = dense.model
+    probed.timings["dense_pass_s"] = time_dense_pass(dense_module, probed.input_ids)
+
+
+def probe_counterfactual(probed: ProbeRun) -> None:
+    """Per layer and sublayer, the dense forward with only that sublayer pruned (not for a sliced
+    model: it lives in another basis of another width)."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
     unavailable = counterfactual_unavailable(dense.model, pruned.model)
-    if unavailable is not None:  # a sliced model: another width and basis
-        skipped["counterfactual"] = unavailable
+    if unavailable is not None:
+        probed.skipped["counterfactual"] = unavailable
         context.log.info("counterfactual skipped", reason=unavailable)
-    else:
-        lap_started = time.perf_counter()
-        context.report("counterfactual", MODEL_END, "prompt-layer 0")
-        records += run_probe(
-            context,
-            counterfactual_probe,
-            dense.model,
-            pruned.model,
-            pruned.layer_map,
-            input_ids,
-            temperature=spec.temperature,
-            sublayers=tuple(spec.sublayers),
-            progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
-        )
-        timings["counterfactual_s"] = lap(lap_started)
+        return
+    started = time.perf_counter()
+    context.report("counterfactual", MODEL_END, "prompt-layer 0")
+    probed.records += run_probe(
+        context,
+        counterfactual_probe,
+        dense.model,
+        pruned.model,
+        pruned.layer_map,
+        probed.input_ids,
+        temperature=spec.temperature,
+        sublayers=tuple(spec.sublayers),
+        progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
+    )
+    probed.timings["counterfactual_s"] = lap(started)
 
+
+def probe_generation(probed: ProbeRun) -> None:
+    """Both models generate from every prompt, greedy and sampled: divergence per step."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
     if spec.generation is None:
-        skipped["generation"] = "not requested (generation: null)"
-    else:
-        lap_started = time.perf_counter()
-        records += run_probe(
-            context,
-            generation_probe,
-            dense.model,
-            pruned.model,
-            pruned.layer_map,
-            input_ids,
-            max_new_tokens=spec.generation.max_new_tokens,
-            temperature=spec.temperature,
-            seed=spec.sampling_seed,
-            progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "prompt-step"),
-        )
-        timings["generation_s"] = lap(lap_started)
+        probed.skipped["generation"] = "not requested (generation: null)"
+        return
+    started = time.perf_counter()
+    probed.records += run_probe(
+        context,
+        generation_probe,
+        dense.model,
+        pruned.model,
+        pruned.layer_map,
+        probed.input_ids,
+        max_new_tokens=spec.generation.max_new_tokens,
+        temperature=spec.temperature,
+        seed=spec.sampling_seed,
+        progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "prompt-step"),
+    )
+    probed.timings["generation_s"] = lap(started)
 
-    choice_prompts = [prompt for prompt in prompts if prompt.options]
-    if choice_prompts:
-        lap_started = time.perf_counter()
-        context.report("multiple choice", GENERATION_END, f"{len(choice_prompts)} prompts")
-        records += mc_subspace_probe(
-            dense.model, pruned.model, dense.tokenizer, choice_prompts, temperature=spec.temperature
-        )
-        timings["mc_subspace_s"] = lap(lap_started)
-    else:
-        skipped["mc-subspace"] = "no prompt has options"
-    timings["total_s"] = lap(started)
 
+def probe_choices(probed: ProbeRun) -> None:
+    """On the multiple-choice prompts, p restricted to the options' tokens."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
+    choice_prompts = [prompt for prompt in probed.prompts if prompt.options]
+    if not choice_prompts:
+        probed.skipped["mc-subspace"] = "no prompt has options"
+        return
+    started = time.perf_counter()
+    context.report("multiple choice", GENERATION_END, f"{len(choice_prompts)} prompts")
+    probed.records += mc_subspace_probe(
+        dense.model, pruned.model, dense.tokenizer, choice_prompts, temperature=spec.temperature
+    )
+    probed.timings["mc_subspace_s"] = lap(started)
+
+
+def store_probes(probed: ProbeRun, model_id: str, environment: dict[str, Any]) -> None:
+    """The points, and the `probe_cost_multiple` result that says what they cost and what was skipped;
+    non-finite values fail the job instead."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
+    prompts, input_ids, records, timings = probed.prompts, probed.input_ids, probed.records, probed.timings
     multiples = cost_multiples(timings)
     diverged = sorted({f"{r.probe}/{r.space}/{r.metric}" for r in records if not math.isfinite(r.value)})
     if diverged:
@@ -177,7 +214,7 @@ def run(context: JobContext) -> None:
     context.add_results(
         [
             Result(
-                model_id=source.model_id,
+                model_id=model_id,
                 model_revision=dense.revision,
                 method=pruned.method,
                 sparsity=pruned.sparsity,
@@ -196,7 +233,7 @@ def run(context: JobContext) -> None:
                     "temperature": spec.temperature,
                     "sublayers": list(spec.sublayers),
                     "generation": None if spec.generation is None else spec.generation.model_dump(),
-                    "skipped": skipped,
+                    "skipped": probed.skipped,
                     "pruning": pruned.report,
                     "origin": pruned.origin,
                     "timings": timings,
@@ -208,7 +245,11 @@ def run(context: JobContext) -> None:
         ]
     )
     context.log.info(
-        "probe finished", points=len(records), cost_multiples=multiples, skipped=sorted(skipped), **timings
+        "probe finished",
+        points=len(records),
+        cost_multiples=multiples,
+        skipped=sorted(probed.skipped),
+        **timings,
     )
 
 
@@ -247,25 +288,24 @@ def pruned_in_job(context: JobContext, spec: ProbeJobCreate, dense: LoadedModel)
     except ModelLoadError as error:
         raise JobFailure(str(error)) from error
     calibration, record = draw_calibration(context, copy, spec.calibration, spec.seed, spec.method)
+    options = PruneOptions(
+        pattern=spec.pattern, round_to=spec.round_to, batch_size=spec.calibration.batch_size
+    )
     report = apply_method(
         context,
         copy.model,
         spec.method,
         spec.sparsity,
         calibration,
-        pattern=spec.pattern,
-        round_to=spec.round_to,
-        batch_size=spec.calibration.batch_size,
+        options,
         device=copy.device,
         start=LOAD_END,
         end=PRUNE_END,
     )
-    layer_map: list[int | None] = (
-        list(range(block_count(dense.model))) if isinstance(report, SlicingReport) else list(report.layer_map)
-    )
+    layer_map = pruner_for(spec.method).layer_map(report, block_count(dense.model))
     return PrunedModel(
         model=copy.model,
-        method=result_method(spec.method, spec.pattern),
+        method=METHODS[spec.method].stored_name(spec.pattern),
         sparsity=spec.sparsity,
         layer_map=layer_map,
         report={**report.to_dict(), "calibration": record},
@@ -279,36 +319,37 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     artifact volume may have changed since)."""
     started = time.perf_counter()
     context.report("pruning", LOAD_END, f"artifact of job {spec.artifact_job_id}")
-    with context.store.session() as session:
-        job = session.get(Job, spec.artifact_job_id)
-        artifact = session.scalars(
-            select(Artifact).where(Artifact.job_id == spec.artifact_job_id).order_by(Artifact.id.desc())
-        ).first()
-        request = dict(job.request) if job is not None else {}
-    if artifact is None:
+    job, artifact = context.read(
+        partial(_artifact_of, job_id=str(spec.artifact_job_id)), "reading the artifact"
+    )
+    request = dict(job.request) if job is not None else {}
+    pruner = ARTIFACT_PRUNERS.get(artifact.kind) if artifact is not None else None
+    if artifact is None or pruner is None:
         raise JobFailure(f"job {spec.artifact_job_id} has no saved model to probe (save_artifact was off?)")
     folder = Path(artifact.path)
     if not folder.is_dir():
         raise JobFailure(f"the artifact folder {folder} of job {spec.artifact_job_id} is gone")
-    method = result_method(str(request.get("method")), str(request.get("pattern", "unstructured")))
+    method = result_method(str(request.get("method")), str(request.get("pattern", UNSTRUCTURED)))
     sparsity = float(request.get("sparsity", 0.0))
     origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
     try:
-        if artifact.kind == ARTIFACT_KIND:
-            model = load_sliced(folder, device=dense.device)
-            report: dict[str, Any] = read_slicing_config(folder)
-            layer_map: list[int | None] = list(range(block_count(dense.model)))
-        elif artifact.kind == PRUNED_ARTIFACT_KIND:
-            model, report = load_pruned(folder)
-            layer_map = list(report["layer_map"])
-        else:
-            raise JobFailure(f"artifact kind {artifact.kind!r} cannot be probed")
+        reloaded = pruner.load(folder, dense.device)
     except (OSError, ValueError, KeyError) as error:
         raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
+    model, report, layer_map = reloaded.model, reloaded.report, reloaded.layer_map
     check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)
     as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
     as_module.to(device=dense.device, dtype=dense.dtype).eval()
     return PrunedModel(model, method, sparsity, layer_map, report, origin, {"load_pruned_s": lap(started)})
+
+
+def _artifact_of(session: Session, *, job_id: str) -> tuple[Job | None, Artifact | None]:
+    """The job that saved an artifact and its newest artifact row."""
+    job = session.get(Job, job_id)
+    artifact = session.scalars(
+        select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id.desc())
+    ).first()
+    return job, artifact
 
 
 def check_options(dense: LoadedModel, prompts: list[ProbePrompt]) -> None:
@@ -341,10 +382,6 @@ def check_same_weights(
             f"as {str(dense.dtype).removeprefix('torch.')}; set `dtype` to {name!r} so that unchanged "
             "weights compare equal"
         )
-
-
-def block_count(model: PreTrainedModel) -> int:
-    return len(match_structure(model).blocks(model))
 
 
 def tokenize(loaded: LoadedModel, text: str, *, room: int = 0) -> torch.Tensor:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from app.schemas import PruneJobCreate
+from core.specs.jobs import PruneJobCreate
 from workers.context import JobContext
 from workers.kinds.prune_steps import (
     PrepareSpans,

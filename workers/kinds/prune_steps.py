@@ -7,8 +7,8 @@ A `prune` job runs `prepare` and then `prune_and_measure` once. A `sweep` runs `
 with the same calibration windows, so a sweep stores, point for point, the results a `prune` job
 with the same request fields would store.
 
-SliceGPT (`workers.slicing`) and the other pruners (`workers.pruning`) differ only in
-`apply_method` and `save_artifact`; everything around them is shared.
+Methods differ only in their pruner (`workers.pruners`, chosen by the method's kind in
+`core.methods`): how it prunes, describes and saves a model; everything around it is shared.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from app.model_sources import ModelSource
-from app.pruning import result_method
-from app.schemas import AccuracySpec, CalibrationSpec, PruneJobCreate, SweepJobCreate
-from app.tables import Artifact, Result
+from core.methods import METHODS
+from core.model_sources import ModelSource
+from core.specs.common import AccuracySpec, CalibrationSpec
+from core.specs.jobs import PruneJobCreate, SweepJobCreate
+from core.tables import Artifact, Result
 from workers.accuracy import TaskResult
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
@@ -51,24 +52,13 @@ from workers.kinds.steps import (
     step_reporter,
 )
 from workers.loading import LoadedModel
-from workers.pruning import (
-    PRUNED_ARTIFACT_KIND,
-    PruningReport,
-    PruningStopped,
-    prune_model,
-    save_pruned,
-)
-from workers.slicing.adapters import UnsupportedArchitectureError, detect_family, match_structure
-from workers.slicing.artifacts import WEIGHTS_FILE, save_sliced
-from workers.slicing.engine import SlicingReport, SlicingStopped, slice_model
+from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
+from workers.slicing.adapters import UnsupportedArchitectureError
 
-ARTIFACT_KIND = "sliced-model"
-# Methods that prune without looking at data.
-DATA_FREE_METHODS = frozenset({"magnitude"})
 # Results that describe the model rather than a measurement on data carry this dataset name.
 NO_DATASET = "none"
 
-SlicingJob = PruneJobCreate | SweepJobCreate
+PruningJob = PruneJobCreate | SweepJobCreate
 
 # How `prune_and_measure` splits its share of the job's progress: pruning, saving, perplexity.
 # (A prune job gives it 0.30-1.00: slicing 0.30-0.75, saving 0.75-0.80, perplexity 0.80-1.00.)
@@ -107,7 +97,7 @@ class Measured:
     """One sliced model, scored."""
 
     sparsity: float
-    report: SlicingReport | PruningReport
+    report: Report
     perplexity: PerplexityResult
     artifact_path: str | None
     timings: dict[str, float]
@@ -118,7 +108,7 @@ def lap(since: float) -> float:
 
 
 def prepare(
-    context: JobContext, spec: SlicingJob, spans: PrepareSpans, accuracy: AccuracySpec | None = None
+    context: JobContext, spec: PruningJob, spans: PrepareSpans, accuracy: AccuracySpec | None = None
 ) -> Prepared:
     """Load the model (refusing unsupported architectures before any measurement), then the dense
     baseline (reused from the store when the same model, data and protocol were measured before),
@@ -174,13 +164,9 @@ def prepare(
 
 
 def check_prunable(model: PreTrainedModel, method: str) -> None:
-    """Refuse, as a JobFailure naming the reason, a model `method` cannot prune: slicing needs the
-    full family checks (rotation-invariant norms...), the other pruners only the block structure."""
+    """Refuse, as a JobFailure naming the reason, a model `method`'s pruner cannot prune."""
     try:
-        if method == "slicegpt":
-            detect_family(model)
-        else:
-            match_structure(model)
+        pruner_for(method).check(model)
     except UnsupportedArchitectureError as error:
         raise JobFailure(str(error)) from error
 
@@ -190,7 +176,7 @@ def draw_calibration(
 ) -> tuple[CalibrationBatch | None, dict[str, Any] | None]:
     """The seeded calibration windows `method` prunes with, and their record; (None, None) for
     methods that read no data."""
-    if method in DATA_FREE_METHODS:
+    if not METHODS[method].calibrated:
         return None, None
     try:
         corpus = calibration_corpus(spec.corpus, spec.text, context.settings)
@@ -208,7 +194,7 @@ def draw_calibration(
     return calibration, {**calibration.record, "batch_size": spec.batch_size}
 
 
-def job_pattern(spec: SlicingJob) -> str:
+def job_pattern(spec: PruningJob) -> str:
     return spec.pattern if isinstance(spec, PruneJobCreate) else "unstructured"
 
 
@@ -218,62 +204,49 @@ def apply_method(
     method: str,
     sparsity: float,
     calibration: CalibrationBatch | None,
+    options: PruneOptions,
     *,
-    pattern: str = "unstructured",
-    round_to: int = 8,
-    slice_head: bool | None = None,
-    batch_size: int = 8,
     device: torch.device,
     start: float,
     end: float,
     detail_prefix: str = "",
-) -> SlicingReport | PruningReport:
+) -> Report:
     """Prune the dense `model` in place with `method` at `sparsity`, reporting "block i/L" within
     [start, end]. Stops with JobStopped at a safe point (before a block) when the job must stop; the
     partly pruned model must then be discarded. The engine's ValueErrors become JobFailures."""
-    stage = "slicing" if method == "slicegpt" else "pruning"
-    progress = step_reporter(context, stage, start, end, "block", detail_prefix)
-    ids = None if calibration is None else calibration.input_ids
-    mask = None if calibration is None else calibration.attention_mask
+    entry, pruner = METHODS[method], pruner_for(method)
+    progress = step_reporter(context, entry.stage, start, end, "block", detail_prefix)
     try:
-        if method == "slicegpt":
-            assert ids is not None
-            return slice_model(
-                model,
-                ids,
-                mask,
-                sparsity,
-                round_to=round_to,
-                batch_size=batch_size,
-                device=device,
-                slice_head=slice_head,
-                progress=progress,
-                should_stop=context.should_stop,
-            )
-        return prune_model(
-            model,
-            method,
-            sparsity,
-            pattern=pattern,
-            calibration_ids=ids,
-            attention_mask=mask,
-            batch_size=batch_size,
+        run = PruneRun(
+            calibration_ids=None if calibration is None else calibration.input_ids,
+            attention_mask=None if calibration is None else calibration.attention_mask,
+            options=options,
             device=device,
             progress=progress,
             should_stop=context.should_stop,
         )
-    except (SlicingStopped, PruningStopped):
+        return pruner.prune(model, entry, sparsity, run)
+    except pruner.stopped:
         context.check_stop()
         raise
     except ValueError as error:  # UnsupportedArchitectureError included
-        raise JobFailure(f"{stage}: {error}") from error
+        raise JobFailure(f"{entry.stage}: {error}") from error
+
+
+def prune_options(spec: PruningJob) -> PruneOptions:
+    return PruneOptions(
+        pattern=job_pattern(spec),
+        round_to=spec.round_to,
+        slice_head=spec.slice_head,
+        batch_size=spec.calibration.batch_size,
+    )
 
 
 def prune_and_measure(
     context: JobContext,
     prepared: Prepared,
     model: PreTrainedModel,
-    spec: SlicingJob,
+    spec: PruningJob,
     sparsity: float,
     *,
     start: float,
@@ -298,16 +271,13 @@ def prune_and_measure(
         spec.method,
         sparsity,
         prepared.calibration,
-        pattern=job_pattern(spec),
-        round_to=spec.round_to,
-        slice_head=spec.slice_head,
-        batch_size=spec.calibration.batch_size,
+        prune_options(spec),
         device=prepared.loaded.device,
         start=start,
         end=pruning_end,
         detail_prefix=detail_prefix,
     )
-    timings["slicing_s" if spec.method == "slicegpt" else "pruning_s"] = lap(lap_started)
+    timings[f"{METHODS[spec.method].stage}_s"] = lap(lap_started)
 
     artifact_path: str | None = None
     if artifact_folder is not None:
@@ -315,6 +285,7 @@ def prune_and_measure(
         context.report("saving", pruning_end, f"{detail_prefix}pruned model")
         artifact = save_artifact(
             model,
+            spec.method,
             report,
             artifact_folder,
             prepared.source.model_id,
@@ -371,35 +342,9 @@ def score_pruned_accuracy(
     return scored
 
 
-def model_description(report: SlicingReport | PruningReport) -> dict[str, Any]:
-    """What the `param_fraction_removed` row records about the pruned model's shape and size."""
-    if isinstance(report, SlicingReport):
-        return {
-            "params_before": report.params_before,
-            "params_after": report.params_after,
-            "predicted_params_before": report.predicted_params_before,
-            "predicted_params_after": report.predicted_params_after,
-            "family": report.family,
-            "hidden_size": report.hidden_size,
-            "width": report.width,
-            "round_to": report.round_to,
-            "slice_head": report.slice_head,
-            "dtype": report.dtype,
-        }
-    return {key: value for key, value in report.to_dict().items() if key not in ("scores", "timings")}
-
-
-def shape_summary(report: SlicingReport | PruningReport) -> dict[str, Any]:
-    """The one-line shape of a pruned model an accuracy row carries: the kept width of a sliced
-    model; the achieved sparsity (and the dropped layers) of the others."""
-    if isinstance(report, SlicingReport):
-        return {"width": report.width}
-    return {"achieved_sparsity": report.achieved_sparsity, "dropped_layers": report.dropped_layers}
-
-
 def pruned_results(
     prepared: Prepared,
-    spec: SlicingJob,
+    spec: PruningJob,
     outcome: Measured,
     *,
     timings: dict[str, float],
@@ -420,7 +365,7 @@ def pruned_results(
         "dense_reused": prepared.dense_reused,
         "calibration": prepared.calibration_record,
         "pattern": job_pattern(spec),
-        "slicing" if isinstance(report, SlicingReport) else "pruning": report.to_dict(),
+        METHODS[spec.method].stage: report.to_dict(),
         "artifact": outcome.artifact_path,
         "timings": timings,
         **(extra_protocol or {}),
@@ -430,7 +375,7 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=result_method(spec.method, job_pattern(spec)),
+            method=METHODS[spec.method].stored_name(job_pattern(spec)),
             sparsity=outcome.sparsity,
             metric="ppl",
             dataset=prepared.data.spec.dataset,
@@ -443,14 +388,14 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=result_method(spec.method, job_pattern(spec)),
+            method=METHODS[spec.method].stored_name(job_pattern(spec)),
             sparsity=outcome.sparsity,
             metric="param_fraction_removed",
             dataset=NO_DATASET,
             value=report.param_fraction_removed,
             source="measured",
             protocol={
-                **model_description(report),
+                **pruner_for(spec.method).describe(report),
                 **(extra_protocol or {}),
                 **prepared.environment,
             },
@@ -460,7 +405,7 @@ def pruned_results(
 
 def pruned_accuracy_results(
     prepared: Prepared,
-    spec: SlicingJob,
+    spec: PruningJob,
     outcome: Measured,
     scored: list[TaskResult],
     *,
@@ -479,7 +424,7 @@ def pruned_accuracy_results(
                 "dense_value": row.value,
                 "dense_reused": dense.reused,
                 "calibration": prepared.calibration_record,
-                **shape_summary(outcome.report),
+                **pruner_for(spec.method).shape(outcome.report),
                 "param_fraction_removed": outcome.report.param_fraction_removed,
                 "artifact": outcome.artifact_path,
                 **(extra_protocol or {}),
@@ -490,7 +435,7 @@ def pruned_accuracy_results(
             measured,
             source=prepared.source,
             loaded=prepared.loaded,
-            method=result_method(spec.method, job_pattern(spec)),
+            method=METHODS[spec.method].stored_name(job_pattern(spec)),
             sparsity=outcome.sparsity,
             seed=spec.seed,
             environment=prepared.environment,
@@ -501,32 +446,25 @@ def pruned_accuracy_results(
 
 def save_artifact(
     model: PreTrainedModel,
-    report: SlicingReport | PruningReport,
+    method: str,
+    report: Report,
     folder: Path,
     model_id: str,
     revision: str | None,
     calibration: dict[str, Any] | None,
 ) -> Artifact:
-    """Write the pruned model to `folder` (replacing what an earlier attempt left) and describe it:
-    a sliced model in its own format, any other as a stock transformers checkpoint."""
+    """Write the pruned model to `folder` (replacing what an earlier attempt left) in its pruner's
+    format, and describe it."""
     if folder.exists():
         shutil.rmtree(folder)
-    if isinstance(report, SlicingReport):
-        assert calibration is not None
-        save_sliced(
-            model, report, folder, source_model_id=model_id, revision=revision, calibration=calibration
-        )
-        kind, weights = ARTIFACT_KIND, folder / WEIGHTS_FILE
-    else:
-        save_pruned(
-            model, report, folder, model_id=model_id, revision=revision, calibration_record=calibration
-        )
-        kind = PRUNED_ARTIFACT_KIND
-        weights = folder / WEIGHTS_FILE
-        if not weights.exists():  # sharded: the index names every shard
-            weights = folder / f"{WEIGHTS_FILE}.index.json"
+    pruner = pruner_for(method)
+    weights = pruner.save(
+        model, report, folder, model_id=model_id, revision=revision, calibration=calibration
+    )
     total_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-    return Artifact(kind=kind, path=str(folder), bytes=total_bytes, sha256=file_sha256(weights))
+    return Artifact(
+        kind=pruner.artifact_kind, path=str(folder), bytes=total_bytes, sha256=file_sha256(weights)
+    )
 
 
 def file_sha256(path: Path) -> str:

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from app.db import Store
-from app.model_sources import ModelSource, ModelSourceError, resolve_model
-from app.schemas import ModelSpec, PerplexitySpec
-from app.tables import Result
+from core.methods import DENSE
+from core.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.specs.common import ModelSpec, PerplexitySpec
+from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
 from workers.evaluate import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
@@ -100,7 +101,7 @@ def measure_perplexity(
 def perplexity_protocol(
     measured: PerplexityResult, spec: PerplexitySpec, corpus: TextCorpus, dtype: torch.dtype, seed: int
 ) -> dict[str, Any]:
-    """What a perplexity was measured with (science.md §4); BASELINE_MATCH_KEYS are among them."""
+    """What a perplexity was measured with (docs/science.md §4); BASELINE_MATCH_KEYS are among them."""
     return {
         "seqlen": measured.seqlen,
         "requested_seqlen": spec.seqlen,
@@ -115,7 +116,7 @@ def perplexity_protocol(
 
 
 def find_dense_baseline(
-    store: Store,
+    session: Session,
     model_id: str,
     revision: str | None,
     dataset: str,
@@ -123,27 +124,37 @@ def find_dense_baseline(
     *,
     metric: str = "ppl",
     match_keys: tuple[str, ...] = BASELINE_MATCH_KEYS,
+    own_job_id: str | None = None,
 ) -> Result | None:
     """The newest measured dense `metric` of this model (and revision) on `dataset` whose protocol
     equals `protocol` on every `match_keys` key, or None. Perplexity matches on BASELINE_MATCH_KEYS;
-    accuracy (dataset = the task) on `accuracy_steps.ACCURACY_MATCH_KEYS`."""
+    accuracy (dataset = the task) on `accuracy_steps.ACCURACY_MATCH_KEYS`.
+
+    Only a finished measurement is reused: a row of a succeeded job (or of no job), or of the asking
+    job itself (`own_job_id`, a resumed attempt). A running job's rows may still vanish (canceled,
+    retried), and nothing may point at them (core.lifecycle)."""
     wanted = {key: protocol[key] for key in match_keys}
+    finished = Result.job_id.is_(None) | Result.job_id.in_(
+        select(Job.id).where(Job.status == JobStatus.succeeded)
+    )
+    if own_job_id is not None:
+        finished = finished | (Result.job_id == own_job_id)
     query = (
         select(Result)
         .where(
             Result.model_id == model_id,
-            Result.method == "dense",
+            Result.method == DENSE,
             Result.metric == metric,
             Result.dataset == dataset,
             Result.source == "measured",
             Result.model_revision.is_(None) if revision is None else Result.model_revision == revision,
+            finished,
         )
         .order_by(Result.id.desc())
     )
-    with store.session() as session:
-        for row in session.scalars(query):
-            if all(row.protocol.get(key) == value for key, value in wanted.items()):
-                return row
+    for row in session.scalars(query):
+        if all(row.protocol.get(key) == value for key, value in wanted.items()):
+            return row
     return None
 
 
@@ -190,8 +201,16 @@ def dense_baseline(
     """The dense perplexity under `data`'s protocol: reused from the store when this model was
     measured so before, else measured on `loaded.model` (unchanged) and stored as a (dense, 0)
     result of this job. Returns the result and whether it came from another job."""
-    dense = find_dense_baseline(
-        context.store, source.model_id, loaded.revision, data.spec.dataset, data.match
+    dense = context.read(
+        lambda session: find_dense_baseline(
+            session,
+            source.model_id,
+            loaded.revision,
+            data.spec.dataset,
+            data.match,
+            own_job_id=context.job_id,
+        ),
+        "looking for a dense baseline to reuse",
     )
     if dense is not None:
         context.report("dense baseline", end, f"reused result {dense.id}")
@@ -209,7 +228,7 @@ def dense_baseline(
     dense = Result(
         model_id=source.model_id,
         model_revision=loaded.revision,
-        method="dense",
+        method=DENSE,
         sparsity=0.0,
         metric="ppl",
         dataset=data.spec.dataset,

@@ -31,9 +31,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
-from app.schemas import SweepJobCreate
-from app.tables import Fit, Result
+from core.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
+from core.specs.jobs import SweepJobCreate
+from core.tables import Fit, Result
 from workers.context import JobContext, JobFailure
 from workers.kinds.prune_steps import (
     NO_DATASET,
@@ -171,15 +171,14 @@ def _stored_earlier(context: JobContext, method: str) -> dict[float, dict[RowKey
         Result.sparsity > 0.0,
     )
     found: dict[float, dict[RowKey, Result]] = {}
-    with context.store.session() as session:
-        for row in session.scalars(query):
-            found.setdefault(row.sparsity, {})[(row.metric, row.dataset)] = row
+    for row in context.read(lambda session: session.scalars(query).all(), "reading earlier attempts' points"):
+        found.setdefault(row.sparsity, {})[(row.metric, row.dataset)] = row
     return found
 
 
 def _has_fit(context: JobContext) -> bool:
-    with context.store.session() as session:
-        return session.scalar(select(Fit.id).where(Fit.job_id == context.job_id).limit(1)) is not None
+    query = select(Fit.id).where(Fit.job_id == context.job_id).limit(1)
+    return context.read(lambda session: session.scalar(query), "looking for stored fits") is not None
 
 
 def _slicing_protocol(spec: SweepJobCreate, prepared: Prepared, ppl_row: Result) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Deviation probing (science.md §3): where and how much a pruned model departs from its dense
+"""Deviation probing (docs/science.md §3): where and how much a pruned model departs from its dense
 original, in the embedding, logits and probability spaces.
 
 - `counterfactual_probe`: per layer, prune only one sublayer (attention, MLP, whole block) on the

@@ -1,4 +1,4 @@
-"""Local counterfactual per layer (science.md §3): what pruning one sublayer does at that layer.
+"""Local counterfactual per layer (docs/science.md §3): what pruning one sublayer does at that layer.
 
 For each prompt the dense model runs once, and every block's input, call arguments and output
 are captured. Then, for each dense layer l and each sublayer kind, one block forward on the DENSE
@@ -219,28 +219,39 @@ def counterfactual_probe(
         for layer, steps in enumerate(plan):
             if should_stop is not None and should_stop():
                 raise ProbeStopped(f"stopped before layer {layer}")
-            call = calls[layer]
-            outputs: dict[str, torch.Tensor] = {}
-            for sublayer, how in steps.items():
-                if how == "identity":
-                    outputs[sublayer] = call.hidden
-                elif how == "same":
-                    outputs[sublayer] = call.output
-                elif how == "pruned":
-                    target = layer_map[layer]
-                    assert target is not None
-                    outputs[sublayer] = call.run(pruned_blocks[target])
-                else:
-                    paths = branch_paths(adapter, sublayer)
-                    target = layer_map[layer]
-                    assert target is not None
-                    with swapped(dense_blocks[layer], pruned_blocks[target], paths) as hybrid:
-                        outputs[sublayer] = call.run(hybrid)
+            call, target = calls[layer], layer_map[layer]
+            pruned_block = None if target is None else pruned_blocks[target]
+            outputs = {
+                sublayer: _sublayer_output(adapter, call, how, sublayer, dense_blocks[layer], pruned_block)
+                for sublayer, how in steps.items()
+            }
             _measure(sums, adapter, dense, layer, call.output, outputs, temperature)
             done += 1
             if progress is not None:
                 progress(done, total)
     return sums.records()
+
+
+def _sublayer_output(
+    adapter: FamilyAdapter,
+    call: _BlockCall,
+    how: str,
+    sublayer: str,
+    dense_block: nn.Module,
+    pruned_block: nn.Module | None,
+) -> torch.Tensor:
+    """The layer's output with only `sublayer` pruned, as the plan says to get it: the input
+    ("identity": the block was removed), the dense output ("same": untouched), the pruned block's
+    output ("pruned"), or a hybrid block with that branch swapped in ("swap")."""
+    if how == "identity":
+        return call.hidden
+    if how == "same":
+        return call.output
+    assert pruned_block is not None
+    if how == "pruned":
+        return call.run(pruned_block)
+    with swapped(dense_block, pruned_block, branch_paths(adapter, sublayer)) as hybrid:
+        return call.run(hybrid)
 
 
 def _measure(

@@ -1,4 +1,4 @@
-"""Deviation between a dense and a pruned representation, token by token (science.md §3).
+"""Deviation between a dense and a pruned representation, token by token (docs/science.md §3).
 
 Every function takes the dense tensor first and the pruned one second, rows = tokens, and
 returns one value per row, computed in float32 (model activations in bf16/fp16 are upcast) or in

@@ -1,4 +1,4 @@
-"""Generation divergence (science.md §3): dense and pruned models each generate from the same
+"""Generation divergence (docs/science.md §3): dense and pruned models each generate from the same
 prompt on their own trajectory (own KV cache, own tokens), and each step compares the two next-
 token distributions, so errors compound as the trajectories part.
 

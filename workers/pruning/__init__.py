@@ -1,5 +1,5 @@
 """Pruners besides SliceGPT: intra-layer sparsity (magnitude, Wanda, SparseGPT; unstructured, 2:4,
-4:8) and layer removal (attention drop, MLP drop, ShortGPT). science.md §3 lists them.
+4:8) and layer removal (attention drop, MLP drop, ShortGPT). docs/science.md §1 describes them.
 
 Importing this package loads torch and transformers (the HTTP side never imports it).
 
@@ -11,17 +11,15 @@ Importing this package loads torch and transformers (the HTTP side never imports
 """
 
 from workers.pruning.artifacts import ARTIFACT_KIND, load_pruned, save_pruned
-from workers.pruning.engine import DROP_METHODS, INTRA_LAYER_METHODS, METHODS, PruningReport, prune_model
+from workers.pruning.engine import ENGINES, PruningReport, prune_model
 from workers.pruning.masks import PATTERNS
 from workers.pruning.stream import PruningStopped
 
-PRUNED_ARTIFACT_KIND = ARTIFACT_KIND
+PRUNED_ARTIFACT_KIND = ARTIFACT_KIND  # = core.methods.PRUNED_ARTIFACT
 
 __all__ = [
     "ARTIFACT_KIND",
-    "DROP_METHODS",
-    "INTRA_LAYER_METHODS",
-    "METHODS",
+    "ENGINES",
     "PATTERNS",
     "PRUNED_ARTIFACT_KIND",
     "PruningReport",

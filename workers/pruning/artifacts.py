@@ -15,10 +15,11 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from core.methods import PRUNED_ARTIFACT
 from workers.artifact_description import read_description, write_description
 from workers.pruning.engine import PruningReport
 
-ARTIFACT_KIND = "pruned-model"
+ARTIFACT_KIND = PRUNED_ARTIFACT
 PRUNING_FILE = "prunecast_pruning.json"
 FORMAT = "prunecast-pruned"
 FORMAT_VERSION = 1

@@ -11,12 +11,14 @@ columns per row, so sparsity must be N / M). Drop methods remove whole pieces of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from core.methods import METHODS, MethodKind, methods_of
 from workers.block_inputs import home_device
 from workers.pruning import layer_drop, shortgpt
 from workers.pruning.linears import block_linears, prunable_counts, weight_out_in
@@ -33,11 +35,6 @@ from workers.pruning.stream import (
 )
 from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
 from workers.slicing.adapters import FamilyAdapter, match_structure
-
-INTRA_LAYER_METHODS = ("magnitude", "wanda", "sparsegpt")
-DROP_METHODS = ("attention-drop", "mlp-drop", "shortgpt")
-METHODS = INTRA_LAYER_METHODS + DROP_METHODS
-CALIBRATED_METHODS = tuple(method for method in METHODS if method != "magnitude")
 
 
 @dataclass
@@ -75,7 +72,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def layers_to_drop(sparsity: float, num_layers: int) -> int:
     """n = round(sparsity * L) for drop methods (Python's round: halves go to the even integer, as in
-    app.pruning.layers_dropped); raises ValueError unless 0 <= n < L."""
+    core.methods.layers_dropped); raises ValueError unless 0 <= n < L."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity for a drop method is the fraction of layers, in [0, 1); got {sparsity}")
     count = round(sparsity * num_layers)
@@ -89,16 +86,17 @@ def layers_to_drop(sparsity: float, num_layers: int) -> int:
 
 def validate(method: str, sparsity: float, pattern: str | None) -> str | None:
     """The pattern to use (None for drops); raises ValueError with the fix for bad combinations."""
-    if method not in METHODS:
-        raise ValueError(f"unknown pruning method {method!r}; use one of: {', '.join(METHODS)}")
+    entry = METHODS.get(method)
+    if entry is None or entry.kind is MethodKind.slicing:
+        raise ValueError(f"unknown pruning method {method!r}; use one of: {', '.join(ENGINES)}")
     if not isinstance(sparsity, int | float) or math.isnan(sparsity):
         raise ValueError(f"sparsity must be a number, got {sparsity!r}")
-    if method in DROP_METHODS:
+    if entry.kind is MethodKind.drop:
         if pattern not in (None, UNSTRUCTURED):
             raise ValueError(
                 f"method {method!r} drops whole layers and takes no sparsity pattern; got pattern "
                 f"{pattern!r}: leave pattern unset or use an intra-layer method "
-                f"({', '.join(INTRA_LAYER_METHODS)})"
+                f"({', '.join(methods_of(MethodKind.intra_layer))})"
             )
         return None
     pattern = UNSTRUCTURED if pattern is None else pattern
@@ -141,17 +139,20 @@ def prune_model(
     pattern = validate(method, sparsity, pattern)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    entry, engine = METHODS[method], ENGINES[method]
     adapter = match_structure(model)
     blocks = adapter.blocks(model)
     num_layers = len(blocks)
-    drop_count = layers_to_drop(sparsity, num_layers) if method in DROP_METHODS else 0
-    if method == "shortgpt" and (reason := shortgpt.renumbering_refusal(model)) is not None:
+    drop_count = layers_to_drop(sparsity, num_layers) if entry.kind is MethodKind.drop else 0
+    if engine.refusal is not None and (reason := engine.refusal(model)) is not None:
         raise ValueError(reason)
     keep: torch.Tensor | None = None
-    if method in CALIBRATED_METHODS:
+    if entry.calibrated:
         if calibration_ids is None:
+            free = [repr(name) for name in ENGINES if not METHODS[name].calibrated]
             raise ValueError(
-                f"method {method!r} needs calibration_ids (N, T); only 'magnitude' runs without data"
+                f"method {method!r} needs calibration_ids (N, T); only {', '.join(free)} "
+                f"{'runs' if len(free) == 1 else 'run'} without data"
             )
         keep = check_calibration(calibration_ids, attention_mask)
 
@@ -171,110 +172,137 @@ def prune_model(
         family=adapter.name,
         calibration_tokens=0 if keep is None else int(keep.sum()),
     )
-
-    if method == "magnitude":
-        assert pattern is not None
-        _prune_by_magnitude(adapter, blocks, sparsity, pattern, compute, home, progress, should_stop)
-    else:
-        assert calibration_ids is not None and keep is not None
+    batches: list[Any] = []
+    if keep is not None:
+        assert calibration_ids is not None
         batches = capture(model, adapter, calibration_ids, keep, batch_size, compute, home)
-        if method in INTRA_LAYER_METHODS:
-            assert pattern is not None
-            _prune_calibrated(
-                adapter, blocks, batches, method, sparsity, pattern, compute, progress, should_stop
-            )
-        elif method == "shortgpt":
-            influence = shortgpt.block_influence(
-                blocks, batches, compute=compute, progress=progress, should_stop=should_stop
-            )
-            batches.clear()
-            report.scores = influence
-            report.dropped_layers = shortgpt.choose_removed(influence, drop_count)
-            report.layer_map = shortgpt.remove_blocks(model, adapter, report.dropped_layers)
-        else:
-            branch = "attention" if method == "attention-drop" else "mlp"
-            both = layer_drop.branch_cosines(
-                adapter, blocks, batches, compute=compute, progress=progress, should_stop=should_stop
-            )
-            batches.clear()
-            report.scores = both.attention if branch == "attention" else both.mlp
-            report.dropped_layers = layer_drop.choose_dropped(report.scores, drop_count)
-            removed: dict[int, torch.nn.Parameter] = {}
-            for index in report.dropped_layers:
-                layer_drop.zero_branch(adapter, blocks[index], branch)
-                for parameter in layer_drop.branch_parameters(adapter, blocks[index], branch):
-                    removed[id(parameter)] = parameter
-            report.params_after = params_before - sum(parameter.numel() for parameter in removed.values())
-
-    if method in INTRA_LAYER_METHODS:
+    run = _Run(
+        model, adapter, blocks, batches, sparsity, pattern, drop_count, compute, home, progress, should_stop
+    )
+    engine.prune(run, report)
+    batches.clear()
+    if entry.kind is MethodKind.intra_layer:
         total, zeros = prunable_counts(adapter, model)
         report.achieved_sparsity = zeros / total
         report.params_after = params_before - zeros
     else:
         report.achieved_sparsity = len(report.dropped_layers) / num_layers
-        if method == "shortgpt":
-            report.params_after = count_parameters(model)
     return report
 
 
-def _prune_by_magnitude(
-    adapter: FamilyAdapter,
-    blocks: torch.nn.ModuleList,
-    sparsity: float,
-    pattern: str,
-    compute: torch.device,
-    home: torch.device,
-    progress: ProgressCallback | None,
-    should_stop: StopCheck | None,
-) -> None:
+@dataclass
+class _Run:
+    """What a method's engine works with."""
+
+    model: PreTrainedModel
+    adapter: FamilyAdapter
+    blocks: torch.nn.ModuleList
+    batches: list[Any]  # block 0's calibration inputs (empty for data-free methods)
+    sparsity: float
+    pattern: str | None
+    drop_count: int  # drop methods: n = round(sparsity * L)
+    compute: torch.device
+    home: torch.device
+    progress: ProgressCallback | None
+    should_stop: StopCheck | None
+
+
+@dataclass(frozen=True)
+class MethodEngine:
+    """How one method prunes (in place, filling the report), and what it refuses up front."""
+
+    prune: Callable[[_Run, PruningReport], None]
+    refusal: Callable[[PreTrainedModel], str | None] | None = None
+
+
+def _magnitude(run: _Run, report: PruningReport) -> None:
+    assert run.pattern is not None
     for _, block in walk_blocks(
-        blocks, compute=compute, home=home, progress=progress, should_stop=should_stop
+        run.blocks, compute=run.compute, home=run.home, progress=run.progress, should_stop=run.should_stop
     ):
-        for _, module in block_linears(adapter, block):
-            prune_linear_by_magnitude(module, sparsity, pattern)
+        for _, module in block_linears(run.adapter, block):
+            prune_linear_by_magnitude(module, run.sparsity, run.pattern)
 
 
-def _prune_calibrated(
-    adapter: FamilyAdapter,
-    blocks: torch.nn.ModuleList,
-    batches: list[Any],
-    method: str,
-    sparsity: float,
-    pattern: str,
-    compute: torch.device,
-    progress: ProgressCallback | None,
-    should_stop: StopCheck | None,
-) -> None:
-    if method == "wanda":
+def _wanda(run: _Run, report: PruningReport) -> None:
+    pattern = run.pattern
+    assert pattern is not None
 
-        def prune_wanda(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
-            return prune_linear_by_wanda(module, statistic, sparsity, pattern)
+    def prune_wanda(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
+        return prune_linear_by_wanda(module, statistic, run.sparsity, pattern)
 
-        prune_sequentially(
-            adapter,
-            blocks,
-            batches,
-            FeatureSquares,
-            prune_wanda,
-            compute=compute,
-            progress=progress,
-            should_stop=should_stop,
-        )
-        return
+    _sequentially(run, FeatureSquares, prune_wanda)
+
+
+def _sparsegpt(run: _Run, report: PruningReport) -> None:
+    pattern = run.pattern
+    assert pattern is not None
 
     def prune_sparsegpt(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
         weight = weight_out_in(module)  # (out, in), a view of the stored parameter
-        new_weight, mask = sparsegpt_prune(weight, statistic.matrix, sparsity, pattern)
+        new_weight, mask = sparsegpt_prune(weight, statistic.matrix, run.sparsity, pattern)
         weight.copy_(new_weight)
         return mask
 
+    _sequentially(run, HessianAccumulator, prune_sparsegpt)
+
+
+def _sequentially(run: _Run, statistic: Any, prune: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
     prune_sequentially(
-        adapter,
-        blocks,
-        batches,
-        HessianAccumulator,
-        prune_sparsegpt,
-        compute=compute,
-        progress=progress,
-        should_stop=should_stop,
+        run.adapter,
+        run.blocks,
+        run.batches,
+        statistic,
+        prune,
+        compute=run.compute,
+        progress=run.progress,
+        should_stop=run.should_stop,
     )
+
+
+def _branch_drop(branch: str) -> Callable[[_Run, PruningReport], None]:
+    """Zero the output weights of the `branch` ("attention" or "mlp") of the layers whose branch
+    changes the residual stream least (the same function, the same layer count)."""
+
+    def drop(run: _Run, report: PruningReport) -> None:
+        both = layer_drop.branch_cosines(
+            run.adapter,
+            run.blocks,
+            run.batches,
+            compute=run.compute,
+            progress=run.progress,
+            should_stop=run.should_stop,
+        )
+        report.scores = both.attention if branch == "attention" else both.mlp
+        report.dropped_layers = layer_drop.choose_dropped(report.scores, run.drop_count)
+        removed: dict[int, torch.nn.Parameter] = {}
+        for index in report.dropped_layers:
+            layer_drop.zero_branch(run.adapter, run.blocks[index], branch)
+            for parameter in layer_drop.branch_parameters(run.adapter, run.blocks[index], branch):
+                removed[id(parameter)] = parameter
+        report.params_after = report.params_before - sum(parameter.numel() for parameter in removed.values())
+
+    return drop
+
+
+def _shortgpt(run: _Run, report: PruningReport) -> None:
+    influence = shortgpt.block_influence(
+        run.blocks, run.batches, compute=run.compute, progress=run.progress, should_stop=run.should_stop
+    )
+    report.scores = influence
+    report.dropped_layers = shortgpt.choose_removed(influence, run.drop_count)
+    report.layer_map = shortgpt.remove_blocks(run.model, run.adapter, report.dropped_layers)
+    report.params_after = count_parameters(run.model)
+
+
+ENGINES: dict[str, MethodEngine] = {
+    "magnitude": MethodEngine(_magnitude),
+    "wanda": MethodEngine(_wanda),
+    "sparsegpt": MethodEngine(_sparsegpt),
+    "attention-drop": MethodEngine(_branch_drop("attention")),
+    "mlp-drop": MethodEngine(_branch_drop("mlp")),
+    "shortgpt": MethodEngine(_shortgpt, refusal=shortgpt.renumbering_refusal),
+}
+"""Every method of `core.methods` that is not slicing, by name: its engine here."""
+if set(ENGINES) != {name for name, entry in METHODS.items() if entry.kind is not MethodKind.slicing}:
+    raise AssertionError("workers.pruning.engine.ENGINES must cover the registry's non-slicing methods")

@@ -3,9 +3,9 @@
 Public API (import from the modules; this package import stays torch-free so that the HTTP side
 can use `families` and `param_count` without loading torch):
 
-- `workers.slicing.families`: `family_from_config`, `refusal_reason`, `UnsupportedArchitectureError`
+- `core.families`: `family_from_config`, `refusal_reason`, `UnsupportedArchitectureError`
   (torch-free; for submit-time checks).
-- `workers.slicing.param_count`: `sliced_width`, `predict_dense_param_count`,
+- `core.param_count`: `sliced_width`, `predict_dense_param_count`,
   `predict_sliced_param_count` (torch-free).
 - `workers.slicing.adapters`: `FamilyAdapter`, `detect_family`, `adapter_for_family`.
 - `workers.slicing.engine`: `slice_model` -> `SlicingReport`, `SlicingStopped`.

@@ -30,16 +30,16 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from core.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
+from core.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
 from workers.block_inputs import BlockBatch as _Batch
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
 from workers.slicing.adapters.base import config_dict
-from workers.slicing.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
 from workers.slicing.modules import ParallelSkipConnectedBlock, RMSNormNoScale, SkipConnectedBlock, wrap_block
-from workers.slicing.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
 
@@ -104,7 +104,7 @@ class SlicingReport:
     widths: SlicedWidths
     params_before: int  # unique parameters of the dense model (a tied head counted once)
     params_after: int
-    predicted_params_before: int | None  # from the config formula (workers.slicing.param_count)
+    predicted_params_before: int | None  # from the config formula (core.param_count)
     predicted_params_after: int | None
     calibration_sequences: int
     calibration_tokens: int  # non-padded positions the PCAs saw
@@ -203,28 +203,11 @@ def slice_model(
     and the embeddings centred, which keeps the logits).
     """
     started = time.perf_counter()
-    if calibration_ids.dim() != 2:
-        raise ValueError(f"calibration_ids must be (N, T), got shape {tuple(calibration_ids.shape)}")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(calibration_ids)
-    if attention_mask.shape != calibration_ids.shape:
-        raise ValueError("attention_mask must have the shape of calibration_ids")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    keep = attention_mask.to(torch.bool).cpu()
-    if not keep.any():
-        raise ValueError("the calibration set has no unpadded token")
-
+    keep = _calibration_keep(calibration_ids, attention_mask, batch_size)
     adapter = detect_family(model)
     if is_fused(model, adapter):
         raise ValueError("the model is already fused or sliced; slice the original dense model")
-    if slice_head is None:
-        slice_head = head_sliced_by_default(adapter.name)
-    elif not slice_head and head_must_be_sliced(adapter.name):
-        raise ValueError(
-            f"{adapter.name} models need a sliced LM head: their forward reshapes the final stream "
-            "to the embedding width; pass slice_head=True or None"
-        )
+    slice_head = _resolve_slice_head(adapter.name, slice_head)
     model.eval()
     dense_config = model.config.to_dict()
     full = hidden_width(model, adapter)
@@ -234,8 +217,7 @@ def slice_model(
     dtype = adapter.embeddings(model)[0].weight.dtype
     params_before = count_parameters(model)
     blocks = adapter.blocks(model)
-    num_blocks = len(blocks)
-    widths = SlicedWidths.uniform(full, width, num_blocks, slice_head)
+    widths = SlicedWidths.uniform(full, width, len(blocks), slice_head)
     timings: dict[str, Any] = {"blocks": []}
 
     # Steps 1-3 for the embeddings, then what block 0 sees.
@@ -244,46 +226,17 @@ def slice_model(
     blocks[0].to(compute)
     _check_block_structure(model, adapter, blocks[0], batches[0], compute)
     timings["capture"] = time.perf_counter() - started
-
-    moment = SecondMoment(full, compute)
-    for batch in batches:
-        moment.add(batch.hidden, batch.keep)
-    _, basis = principal_basis(moment.matrix)  # Q0, (D, D) float64
-    for embedding in adapter.embeddings(model):
-        rotate_embedding(embedding, basis, widths.embedding)
-    for batch in batches:
-        batch.hidden = _rotate(batch.hidden, basis, widths.embedding)  # (B, T, d)
-
-    if progress is not None:
-        progress(0, num_blocks)
-    for index, block_widths in enumerate(widths.blocks):
-        if should_stop is not None and should_stop():
-            raise SlicingStopped(
-                f"stopped before block {index} of {num_blocks}; "
-                "the model is partly sliced and must be discarded"
-            )
-        block_started = time.perf_counter()
-        block = blocks[index].to(compute)
-        fuse_block(block, adapter, full, compute)
-        slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
-        blocks[index], basis = slice_block(adapter, block, batches, basis, block_widths, full, compute, dtype)
-        blocks[index].to(home)
-        timings["blocks"].append(time.perf_counter() - block_started)
-        if progress is not None:
-            progress(index + 1, num_blocks)
-
+    basis = _slice_embeddings(model, adapter, batches, full, widths.embedding, compute)
+    basis = _slice_blocks(
+        adapter, blocks, batches, basis, widths, full, compute, home, dtype, timings, progress, should_stop
+    )
     batches.clear()  # the activations are spent; free them before the head's large temporaries
     head_started = time.perf_counter()
     fuse_final_norm(model, adapter, full, compute)
     rotate_readers([adapter.lm_head(model)], basis, widths.head)
     timings["head"] = time.perf_counter() - head_started
     timings["total"] = time.perf_counter() - started
-
-    try:
-        predicted_before: int | None = predict_dense_param_count(dense_config)
-        predicted_after: int | None = predict_sliced_param_count(dense_config, width, slice_head=slice_head)
-    except (KeyError, TypeError, ValueError):  # a structurally recognised model_type without a formula
-        predicted_before = predicted_after = None
+    predicted_before, predicted_after = _predicted_counts(dense_config, width, slice_head)
     return SlicingReport(
         family=adapter.name,
         hidden_size=full,
@@ -301,6 +254,107 @@ def slice_model(
         dtype=str(dtype).removeprefix("torch."),
         timings=timings,
     )
+
+
+def _calibration_keep(
+    calibration_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int
+) -> torch.Tensor:
+    """The (N, T) bool mask of real tokens on the CPU; ValueError for unusable calibration input."""
+    if calibration_ids.dim() != 2:
+        raise ValueError(f"calibration_ids must be (N, T), got shape {tuple(calibration_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(calibration_ids)
+    if attention_mask.shape != calibration_ids.shape:
+        raise ValueError("attention_mask must have the shape of calibration_ids")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    keep = attention_mask.to(torch.bool).cpu()
+    if not keep.any():
+        raise ValueError("the calibration set has no unpadded token")
+    return keep
+
+
+def _resolve_slice_head(family: str, slice_head: bool | None) -> bool:
+    """None: the family's default; refuses an unsliced head where the family's forward needs one."""
+    if slice_head is None:
+        return head_sliced_by_default(family)
+    if not slice_head and head_must_be_sliced(family):
+        raise ValueError(
+            f"{family} models need a sliced LM head: their forward reshapes the final stream "
+            "to the embedding width; pass slice_head=True or None"
+        )
+    return slice_head
+
+
+def _slice_embeddings(
+    model: PreTrainedModel,
+    adapter: FamilyAdapter,
+    batches: list[_Batch],
+    full: int,
+    width: int,
+    compute: torch.device,
+) -> torch.Tensor:
+    """Rotate the embeddings onto the principal basis Q0 of what block 0 reads and keep `width`
+    columns; block 0's inputs are rotated to match. Returns Q0 (D, D) float64."""
+    moment = SecondMoment(full, compute)
+    for batch in batches:
+        moment.add(batch.hidden, batch.keep)
+    _, basis = principal_basis(moment.matrix)
+    for embedding in adapter.embeddings(model):
+        rotate_embedding(embedding, basis, width)
+    for batch in batches:
+        batch.hidden = _rotate(batch.hidden, basis, width)  # (B, T, d)
+    return basis
+
+
+def _slice_blocks(
+    adapter: FamilyAdapter,
+    blocks: nn.ModuleList,
+    batches: list[_Batch],
+    basis: torch.Tensor,
+    widths: SlicedWidths,
+    full: int,
+    compute: torch.device,
+    home: torch.device,
+    dtype: torch.dtype,
+    timings: dict[str, Any],
+    progress: ProgressCallback | None,
+    should_stop: StopCheck | None,
+) -> torch.Tensor:
+    """Slice every block in order, one on `compute` at a time; returns the last block's output basis."""
+    num_blocks = len(blocks)
+    if progress is not None:
+        progress(0, num_blocks)
+    for index, block_widths in enumerate(widths.blocks):
+        if should_stop is not None and should_stop():
+            raise SlicingStopped(
+                f"stopped before block {index} of {num_blocks}; "
+                "the model is partly sliced and must be discarded"
+            )
+        block_started = time.perf_counter()
+        block = blocks[index].to(compute)
+        fuse_block(block, adapter, full, compute)
+        slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
+        blocks[index], basis = slice_block(adapter, block, batches, basis, block_widths, full, compute, dtype)
+        blocks[index].to(home)
+        timings["blocks"].append(time.perf_counter() - block_started)
+        if progress is not None:
+            progress(index + 1, num_blocks)
+    return basis
+
+
+def _predicted_counts(
+    dense_config: dict[str, Any], width: int, slice_head: bool
+) -> tuple[int | None, int | None]:
+    """The parameter counts core.param_count predicts before and after, or None for a structurally
+    recognised model_type without a formula."""
+    try:
+        return (
+            predict_dense_param_count(dense_config),
+            predict_sliced_param_count(dense_config, width, slice_head=slice_head),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None, None
 
 
 def _slice_sequential_block(

@@ -1,4 +1,4 @@
-"""The deviation math (science.md §3) against hand computations and its own Taylor limits."""
+"""The deviation math (docs/science.md §3) against hand computations and its own Taylor limits."""
 
 from __future__ import annotations
 

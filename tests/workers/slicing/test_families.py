@@ -9,11 +9,11 @@ import pytest
 import transformers
 from transformers import AutoModelForCausalLM
 
+from core.families import family_from_config, refusal_reason, supported_families_text
+from core.param_count import predict_sliced_param_count, sliced_width
 from tests.workers.slicing.tiny import build, token_ids
 from workers.slicing.adapters import UnsupportedArchitectureError, detect_family
 from workers.slicing.engine import slice_model
-from workers.slicing.families import family_from_config, refusal_reason, supported_families_text
-from workers.slicing.param_count import predict_sliced_param_count, sliced_width
 
 SMALL = {"vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 SMALL_DECODER = {
@@ -144,10 +144,7 @@ def test_refusal_reason_is_none_for_supported_configs_and_explains_the_rest() ->
 
 
 def test_family_and_formula_modules_do_not_import_torch() -> None:
-    code = (
-        "import sys; import workers.slicing.families, workers.slicing.param_count; "
-        "sys.exit(1 if 'torch' in sys.modules else 0)"
-    )
+    code = "import sys; import core.families, core.param_count; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

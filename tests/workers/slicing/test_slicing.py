@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from core.param_count import predict_dense_param_count, predict_sliced_param_count
 from tests.workers.slicing.tiny import (
     ALL_CASES,
     FAMILY_CASES,
@@ -17,7 +18,6 @@ from tests.workers.slicing.tiny import (
 from workers.slicing.adapters import detect_family
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
 from workers.slicing.modules import ParallelSkipConnectedBlock, SkipConnectedBlock, WrappedBlock
-from workers.slicing.param_count import predict_dense_param_count, predict_sliced_param_count
 from workers.slicing.weights import set_weight_out_in, weight_out_in
 
 TOLERANCE = 1e-4  # relative Frobenius error of the logits

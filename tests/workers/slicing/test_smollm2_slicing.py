@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.config import Settings
-from app.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.settings import Settings
 from workers.data import DataMissingError, load_calibration_text, load_wikitext2_test, tokenize_corpus
 from workers.evaluate import PerplexityResult, perplexity
 from workers.loading import LoadedModel, load_model

@@ -7,14 +7,7 @@ from typing import cast
 from torch import nn
 from transformers import PreTrainedModel
 
-from workers.slicing.adapters.base import FamilyAdapter, config_dict
-from workers.slicing.adapters.gpt2 import GPT2Adapter
-from workers.slicing.adapters.gpt_neox import GPTNeoXAdapter
-from workers.slicing.adapters.llama import LlamaAdapter
-from workers.slicing.adapters.opt import OPTAdapter
-from workers.slicing.adapters.phi import PhiAdapter
-from workers.slicing.adapters.phi3 import Phi3Adapter
-from workers.slicing.families import (
+from core.families import (
     FAMILY_NAMES,
     UnsupportedArchitectureError,
     describe_architecture,
@@ -22,6 +15,13 @@ from workers.slicing.families import (
     supported_families_text,
     unsupported_message,
 )
+from workers.slicing.adapters.base import FamilyAdapter, config_dict
+from workers.slicing.adapters.gpt2 import GPT2Adapter
+from workers.slicing.adapters.gpt_neox import GPTNeoXAdapter
+from workers.slicing.adapters.llama import LlamaAdapter
+from workers.slicing.adapters.opt import OPTAdapter
+from workers.slicing.adapters.phi import PhiAdapter
+from workers.slicing.adapters.phi3 import Phi3Adapter
 
 ADAPTERS: tuple[type[FamilyAdapter], ...] = (
     LlamaAdapter,

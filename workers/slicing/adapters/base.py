@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from workers.slicing.families import family_config_refusal, unsupported_message
+from core.families import family_config_refusal, unsupported_message
 from workers.slicing.modules import RMSNormNoScale, WrappedBlock
 from workers.slicing.weights import ReadWriteModule
 
@@ -76,7 +76,7 @@ def norm_epsilon(norm: nn.Module) -> float:
 class FamilyAdapter(ABC):
     """Where things are in one family's models, and how to run a block's two branches."""
 
-    name: ClassVar[str]  # family name, as in workers.slicing.families
+    name: ClassVar[str]  # family name, as in core.families
     uses_layernorm: ClassVar[bool]  # LayerNorm (mean removal needed) rather than RMSNorm
 
     # Paths relative to the *ForCausalLM model.

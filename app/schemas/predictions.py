@@ -1,0 +1,264 @@
+"""POST /v1/predictions and GET /v1/models/{model}/curves: what to predict and the answer.
+
+Accuracy results are looked up by `metric` (`acc`, `acc_norm`) with the task name as the result's
+`dataset`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from app.schemas.jobs import JobPublic
+from core.methods import DEFAULT_METHOD
+from core.specs.common import StrictModel
+from core.specs.pruning import StoredMethod
+
+PredictMetric = Literal["ppl", "acc", "acc_norm"]
+MAX_PREDICTION_SPARSITIES = 100
+
+Sparsity = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
+TaskName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class MetricSpec(StrictModel):
+    """One metric to predict: `ppl` on the protocol's dataset, or an accuracy on a task."""
+
+    metric: PredictMetric = Field(description="`ppl`, or `acc` / `acc_norm` of a multiple-choice task.")
+    task: TaskName | None = Field(
+        None, description="The task of an accuracy metric (e.g. `arc_easy`); not allowed for `ppl`."
+    )
+
+    @model_validator(mode="after")
+    def _task_iff_accuracy(self) -> MetricSpec:
+        if self.metric == "ppl" and self.task is not None:
+            raise ValueError("`ppl` takes no task: its dataset is protocol.dataset")
+        if self.metric != "ppl" and self.task is None:
+            raise ValueError(
+                f"`{self.metric}` needs a task, e.g. {{'metric': '{self.metric}', 'task': 'arc_easy'}}"
+            )
+        return self
+
+
+class ProtocolSelector(StrictModel):
+    """Which stored perplexity protocol to use. Unset fields match any stored value; among the
+    matching protocols the one with a dense baseline and the most measured points wins."""
+
+    dataset: Literal["wikitext2"] = Field("wikitext2", description="Evaluation corpus of `ppl`.")
+    seqlen: int | None = Field(None, ge=16, le=131_072, description="Window length in tokens.")
+    max_windows: int | Literal["all"] | None = Field(
+        None, description="Windows scored: a number, `all` (the whole test split), or unset: any."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Dtype the model was scored in; unset: any."
+    )
+
+    @model_validator(mode="after")
+    def _windows_in_range(self) -> ProtocolSelector:
+        if isinstance(self.max_windows, int) and not 1 <= self.max_windows <= 100_000:
+            raise ValueError("protocol.max_windows must be in 1..100000, 'all' or unset")
+        return self
+
+
+# Smallest sparsity a caller's pruned point may have: below it the laws' sums of s^2 underflow.
+MIN_PRUNED_SPARSITY = 1e-6
+
+
+class CallerPoint(StrictModel):
+    """A value you measured yourself (or took from a paper): sparsity 0 is the dense baseline."""
+
+    metric: PredictMetric
+    task: TaskName | None = Field(None, description="Required for accuracy metrics.")
+    sparsity: Sparsity
+    value: float = Field(
+        gt=0.0, le=1e12, allow_inf_nan=False, description="Perplexity (> 1) or accuracy fraction (0, 1]."
+    )
+    n_options: int | None = Field(None, ge=2, le=1000, description="Accuracy: options per question.")
+    chance: float | None = Field(
+        None, gt=0.0, lt=1.0, allow_inf_nan=False, description="Accuracy: chance level (e.g. 0.25)."
+    )
+
+    @field_validator("sparsity")
+    @classmethod
+    def _dense_or_measurably_pruned(cls, value: float) -> float:
+        if 0.0 < value < MIN_PRUNED_SPARSITY:
+            raise ValueError(
+                f"sparsity {value:g} is neither 0 (the dense baseline) nor at least {MIN_PRUNED_SPARSITY:g}: "
+                "the laws cannot be fitted on it"
+            )
+        return value
+
+
+class PredictionCreate(StrictModel):
+    """What to predict. Measured points come from the store, or from `points` when you send them
+    (then, per metric, only yours are used)."""
+
+    model: str = Field(min_length=1, max_length=512, description="Model id as stored in results.")
+    method: StoredMethod = Field(
+        DEFAULT_METHOD,
+        description="Pruning method whose measured points calibrate, as results store it (an N:M "
+        "pattern appended: `wanda-2:4`).",
+    )
+    protocol: ProtocolSelector = Field(default_factory=ProtocolSelector)
+    sparsities: list[Sparsity] = Field(
+        min_length=1,
+        max_length=MAX_PREDICTION_SPARSITIES,
+        description="Fractions removed, each in [0, 1).",
+        examples=[[0.25, 0.3]],
+    )
+    metrics: list[MetricSpec] = Field(
+        default_factory=lambda: [MetricSpec(metric="ppl")], min_length=1, max_length=16
+    )
+    points: list[CallerPoint] | None = Field(
+        None, max_length=1000, description="Your own measured points, used instead of the store."
+    )
+    level: float = Field(0.95, ge=0.5, le=0.999, description="Coverage of each band.")
+    measure_missing: bool = Field(
+        False,
+        description="When the dense baseline is unknown: queue the `evaluate` job that measures it and "
+        "answer 202 with its link (false: answer 409 naming that job).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PredictionCreate:
+        wanted = [(m.metric, m.task) for m in self.metrics]
+        if len(set(wanted)) != len(wanted):
+            raise ValueError("metrics lists the same metric and task twice")
+        for point in self.points or []:
+            if point.metric == "ppl" and point.task is not None:
+                raise ValueError("a `ppl` point takes no task")
+            if (point.metric, point.task) not in wanted:
+                raise ValueError(
+                    f"a point is for metric {point.metric!r} task {point.task!r}, which `metrics` "
+                    "does not ask for"
+                )
+        return self
+
+
+class PointPublic(BaseModel):
+    """A measured value a prediction used; `result_id` when it came from the store."""
+
+    sparsity: float
+    value: float
+    result_id: int | None = None
+
+
+class ProtocolPublic(BaseModel):
+    """The protocol the points share, and how it was chosen."""
+
+    dataset: str
+    seqlen: int | None = None
+    max_windows: int | None = Field(None, description="null: the whole test split (or not perplexity).")
+    dtype: str | None = None
+    chance: float | None = Field(None, description="Accuracy: the floor predictions are clipped at.")
+    selection: str = Field(description="Why these points: exact match, most common protocol, or yours.")
+
+
+class FitQualityPublic(BaseModel):
+    n: int
+    r2: float | None
+    max_ape: float | None = Field(description="Largest absolute relative error on the points.")
+    mean_ape: float | None
+
+
+class CalibrationPublic(BaseModel):
+    """The calibrated law: chosen among candidates by held-out error (see `reason`)."""
+
+    law: str
+    formula: str
+    params: dict[str, float | None]
+    reason: str
+    loo_rel_error: float | None = Field(description="Leave-one-out RMS relative error; null if too few.")
+    sigma: float | None = Field(description="Relative error of one measurement about the law.")
+    quality: dict[str, FitQualityPublic] = Field(description="Per law, on the calibration points.")
+
+
+class StrictErrorPublic(BaseModel):
+    sparsity: float
+    measured: float
+    strict: float | None
+    rel_error: float | None = Field(description="strict / measured - 1.")
+
+
+class StrictLawPublic(BaseModel):
+    """The paper's law PPL0 ** (1 / (1 - s)) and how far off it is on the measured points."""
+
+    formula: str
+    errors: list[StrictErrorPublic]
+    max_abs_rel_error: float | None
+    mean_abs_rel_error: float | None
+    verdict: str
+
+
+class PredictedPublic(BaseModel):
+    """One prediction. `value` is the calibrated law's when there is one, else the strict law's."""
+
+    sparsity: float
+    value: float | None = Field(description="null when the law has no finite value (see flags).")
+    band: list[float | None] | None = Field(description="[low, high] at `level`; null for the strict law.")
+    level: float
+    expected_rel_error: float | None = Field(description="One standard deviation, relative.")
+    law: str
+    formula: str
+    params: dict[str, float | None]
+    strict: float | None = Field(None, description="The strict law's value here (perplexity only).")
+    strict_vs_value: float | None = Field(None, description="strict / value - 1.")
+    flags: list[str]
+    notes: list[str]
+
+
+class MetricPredictionPublic(BaseModel):
+    """Predictions of one metric (and task) with everything they rest on."""
+
+    metric: str
+    task: str | None
+    source: Literal["store", "caller"]
+    protocol: ProtocolPublic
+    baseline: PointPublic
+    fitted_on: list[PointPublic] = Field(description="Pruned points the calibrated law was fitted on.")
+    calibration: CalibrationPublic | None = Field(description="null: no pruned point (strict law only).")
+    strict_law: StrictLawPublic | None = Field(description="Perplexity only.")
+    predictions: list[PredictedPublic]
+    flags: list[str]
+    notes: list[str]
+
+
+class PredictionPublic(BaseModel):
+    model: str
+    method: str
+    level: float
+    metrics: list[MetricPredictionPublic]
+
+
+class MeasurementQueued(BaseModel):
+    """202 from POST /v1/predictions with `measure_missing`: the job that measures the baseline."""
+
+    status: Literal["measuring"] = "measuring"
+    detail: str
+    job: JobPublic = Field(description="The evaluate job, as GET /v1/jobs/{id} shows it.")
+    retry: dict[str, Any] = Field(description="What to do next: wait for the job, then repeat the request.")
+
+
+class CurvePointPublic(BaseModel):
+    sparsity: float
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+
+
+class CurvePublic(BaseModel):
+    """Measured points and both laws over a sparsity grid, for one model, method, metric, protocol."""
+
+    model: str
+    method: str
+    metric: str
+    task: str | None
+    protocol: ProtocolPublic
+    level: float
+    measured: list[PointPublic] = Field(description="The dense baseline (sparsity 0) and pruned points.")
+    strict: list[CurvePointPublic] | None = Field(description="Perplexity only; no band.")
+    calibrated: list[CurvePointPublic] | None = Field(description="null without a pruned point.")
+    calibration: CalibrationPublic | None
+    flags: list[str]
+    notes: list[str]

@@ -1,0 +1,65 @@
+"""Curves of one model: measured points and both laws over a sparsity grid (GET /v1/models/.../curves,
+and the job report's curve sections)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from app.deps import Services
+from app.problems import ProblemError
+from app.schemas.predictions import CurvePublic
+from app.services.series import (
+    PPL,
+    Selector,
+    SeriesError,
+    build_curve,
+    calibrate,
+    load_series,
+    pooled_accuracy_prior,
+)
+from core.laws import DEFAULT_LEVEL
+
+
+def load_curve(
+    services: Services,
+    model: str,
+    method: str,
+    metric: str,
+    task: str | None,
+    selector: Selector,
+    level: float = DEFAULT_LEVEL,
+) -> CurvePublic:
+    """The curve of one model, method, metric (and task) and protocol; 404 without a dense baseline,
+    409 when the stored points cannot be fitted."""
+    if (metric == PPL) == (task is not None):
+        raise ProblemError(
+            422,
+            "`task` names the multiple-choice task of `acc` / `acc_norm` and is not taken by `ppl`",
+            slug="validation-error",
+        )
+    key = (metric, task)
+    series = load_series(services.store, model, method, [key], selector)[key]
+    if series.dense is None:
+        what = f"{metric} ({series.selection})" if metric == PPL else f"{metric} of task {task}"
+        raise ProblemError(
+            404,
+            f"no measured dense baseline of {model!r} for {what}: measure one (POST /v1/jobs with an "
+            "`evaluate` job; POST /v1/predictions names it) before drawing its curve",
+            slug="baseline-missing",
+            title="No curve",
+        )
+    prior = None
+    if metric != PPL and not any(p.value > (series.chance or 0.0) for p in series.pruned):
+        prior = pooled_accuracy_prior(services.store, method, metric, (series.model, str(task)))
+    try:
+        return build_curve(series, calibrate(series, prior), level)
+    except SeriesError as error:
+        raise ProblemError(
+            409, f"the stored points cannot be fitted: {error}", slug="unfittable-points"
+        ) from error
+
+
+def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dtype: str | None) -> Selector:
+    windows: int | Literal["all"] | None
+    windows = None if max_windows is None else "all" if max_windows == "all" else int(max_windows)
+    return Selector(dataset=dataset, seqlen=seqlen, max_windows=windows, dtype=dtype)

@@ -1,0 +1,78 @@
+"""A job's report page (GET /v1/jobs/{id}/report): its results, a curve per model, method, metric and
+protocol among them, and its probes, put together for `app.views.report`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from app.deps import Services
+from app.problems import ProblemError
+from app.schemas.jobs import JobPublic
+from app.schemas.results import ResultPublic
+from app.services.curves import load_curve
+from app.services.jobs import get_job
+from app.services.probes import probe_section
+from app.services.series import ACCURACY_METRICS, PPL, Selector
+from app.views.curve_plots import inline_svg
+from app.views.report import CurveSection, render_report
+from core.methods import DEFAULT_METHOD, DENSE
+from core.tables import Result
+
+MAX_CURVES = 12
+"""Curves drawn in one report (each costs a plot): a sweep has one per metric, so this is plenty."""
+
+
+def job_report_html(services: Services, job_id: str) -> str:
+    with services.store.sessions() as session:
+        job = get_job(session, job_id)
+        rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
+        public = JobPublic.model_validate(job)
+        results = [ResultPublic.model_validate(row) for row in rows]
+    curves = [_section(services, target) for target in curve_targets(results)[:MAX_CURVES]]
+    probes = probe_section(services.store, job)
+    return render_report(public, results, curves, probes)
+
+
+def curve_targets(results: list[ResultPublic]) -> list[dict[str, Any]]:
+    """One curve per (model, method, metric, task, protocol) among the results. Dense-only results
+    (an evaluate job) are drawn for the job's pruning method, or the default method when it pruned
+    nothing."""
+    methods = sorted({r.method for r in results if r.method != DENSE}) or [DEFAULT_METHOD]
+    targets: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in results:
+        if r.metric != PPL and r.metric not in ACCURACY_METRICS:
+            continue
+        for method in [r.method] if r.method != DENSE else methods:
+            if r.metric == PPL:
+                windows = r.protocol.get("max_windows")
+                selector = Selector(
+                    dataset=r.dataset,
+                    seqlen=r.protocol.get("seqlen"),
+                    max_windows="all" if windows is None else windows,
+                    dtype=r.protocol.get("dtype"),
+                )
+                task = None
+            else:
+                selector, task = Selector(), r.dataset
+            key = (r.model, method, r.metric, task, selector)
+            target = {"model": r.model, "method": method, "metric": r.metric, "task": task}
+            targets.setdefault(key, {**target, "selector": selector})
+    return list(targets.values())
+
+
+def _section(services: Services, target: dict[str, Any]) -> CurveSection:
+    what = target["metric"] if target["task"] is None else f"{target['metric']} on {target['task']}"
+    heading = f"{target['model']} - {target['method']} - {what}"
+    try:
+        curve = load_curve(
+            services, target["model"], target["method"], target["metric"], target["task"], target["selector"]
+        )
+    except ProblemError as error:
+        return CurveSection(heading, None, (f"no curve: {error.detail}",))
+    notes = [f"protocol: {curve.protocol.selection}"]
+    if curve.calibration is not None:
+        notes.append(f"calibrated law: {curve.calibration.formula} ({curve.calibration.reason})")
+    notes.extend(curve.notes)
+    return CurveSection(heading, inline_svg(curve), tuple(notes))

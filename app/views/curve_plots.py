@@ -1,0 +1,143 @@
+"""Curves as SVG and PNG: measured points, the strict law (dashed) and the calibrated law with its band.
+
+matplotlib is imported on the first plot, not with the app, so the API starts fast; it renders
+with the Agg canvas (no display) through the object-oriented API only (no pyplot state), so
+concurrent requests in the threadpool do not share a figure. Text is never parsed as mathtext
+(a model name with `$` is just text) and SVG text stays text, escaped by matplotlib's XML writer.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+from app.schemas.predictions import CurvePublic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+WIDTH_IN, HEIGHT_IN = 7.0, 4.6
+PNG_DPI = 110
+MEASURED_COLOR = "#111111"
+STRICT_COLOR = "#c0392b"
+CALIBRATED_COLOR = "#1f5fa8"
+
+_configured = False
+
+
+def load_matplotlib() -> Any:
+    """Import matplotlib on first use, configured for a headless server."""
+    global _configured
+    import matplotlib
+
+    if not _configured:
+        matplotlib.use("Agg", force=True)
+        matplotlib.rcParams["svg.fonttype"] = "none"  # text as <text>: small, selectable, escaped
+        matplotlib.rcParams["svg.hashsalt"] = "prunecast"  # stable ids: same curve, same SVG
+        _configured = True
+    return matplotlib
+
+
+def title_of(curve: CurvePublic) -> str:
+    protocol = curve.protocol
+    what = curve.metric if curve.task is None else f"{curve.metric} on {curve.task}"
+    if curve.metric == "ppl":
+        windows = "all" if protocol.max_windows is None else protocol.max_windows
+        parts = [protocol.dataset, f"seqlen {protocol.seqlen}" if protocol.seqlen else None]
+        parts += [f"max_windows {windows}", protocol.dtype]
+        detail = ", ".join(part for part in parts if part)
+    else:
+        detail = f"chance {protocol.chance:.3g}" if protocol.chance is not None else "chance unknown"
+    return f"{curve.model} - {curve.method} - {what} ({detail})"
+
+
+def _values(points: list[Any] | None, attr: str) -> list[float]:
+    return [v for p in points or [] if (v := getattr(p, attr)) is not None and math.isfinite(v)]
+
+
+def _limits(curve: CurvePublic) -> tuple[float, float]:
+    measured = [p.value for p in curve.measured]
+    if curve.metric != "ppl":
+        floor = curve.protocol.chance if curve.protocol.chance is not None else min(measured)
+        low = min([floor, *measured, *_values(curve.calibrated, "low")])
+        return max(0.0, low - 0.05), min(1.0, max(measured) + 0.05)
+    top_cap = 20.0 * max(measured)
+    shown = [*measured, *_values(curve.calibrated, "value"), *_values(curve.calibrated, "high")]
+    if curve.calibrated is None:
+        shown += [v for v in _values(curve.strict, "value") if v <= 3.0 * max(measured)]
+    bottom = min([*measured, *_values(curve.calibrated, "value")])
+    return bottom / 1.15, min(max(shown) * 1.3, top_cap)
+
+
+def figure(curve: CurvePublic) -> Figure:
+    """The curve drawn on a new Agg figure."""
+    load_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    low, high = _limits(curve)
+    if curve.metric == "ppl":
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    if curve.calibrated:
+        xs = [p.sparsity for p in curve.calibrated]
+        lo = [p.low if p.low is not None else low for p in curve.calibrated]
+        hi = [p.high if p.high is not None else high for p in curve.calibrated]
+        ax.fill_between(
+            xs, lo, hi, color=CALIBRATED_COLOR, alpha=0.18, linewidth=0, label=f"{curve.level:.0%} band"
+        )
+        ys = [p.value if p.value is not None else math.nan for p in curve.calibrated]
+        law = curve.calibration.law if curve.calibration else "calibrated"
+        ax.plot(xs, ys, color=CALIBRATED_COLOR, linewidth=2, label=f"calibrated law ({law})")
+    if curve.strict:
+        xs = [p.sparsity for p in curve.strict]
+        ys = [p.value if p.value is not None else math.nan for p in curve.strict]
+        ax.plot(xs, ys, color=STRICT_COLOR, linestyle="--", linewidth=1.5, label="strict law")
+    if curve.metric != "ppl" and curve.protocol.chance is not None:
+        ax.axhline(curve.protocol.chance, color="#777777", linestyle=":", linewidth=1, label="chance")
+    ax.scatter(
+        [p.sparsity for p in curve.measured],
+        [p.value for p in curve.measured],
+        color=MEASURED_COLOR,
+        zorder=5,
+        s=28,
+        label="measured",
+    )
+    ax.set_xlim(0.0, 0.9)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("sparsity (fraction removed)")
+    ylabel = "perplexity (log scale)" if curve.metric == "ppl" else f"{curve.metric} (fraction correct)"
+    ax.set_ylabel(ylabel)
+    ax.set_title("\n".join(textwrap.wrap(title_of(curve), 80)), fontsize=9, parse_math=False)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left" if curve.metric == "ppl" else "lower left", fontsize=8)
+    return fig
+
+
+def curve_svg(curve: CurvePublic) -> str:
+    """The curve as a standalone SVG document."""
+    buffer = io.StringIO()
+    figure(curve).savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
+
+
+def inline_svg(curve: CurvePublic) -> str:
+    """The SVG element alone (no XML prolog or DOCTYPE), to embed in an HTML page."""
+    svg = curve_svg(curve)
+    return svg[svg.index("<svg") :]
+
+
+def curve_png(curve: CurvePublic) -> bytes:
+    """The curve as a PNG image."""
+    buffer = io.BytesIO()
+    figure(curve).savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
+    return buffer.getvalue()

@@ -1,0 +1,404 @@
+"""The life of a job, in one place: its states and one guarded transition per edge.
+
+::
+
+                 submit
+                   |
+                   v            cancel (asked before it ran)
+                queued ------------------------------------------> canceled
+                 |  ^                                                 ^
+           claim |  | retry (reconciler: the worker went silent       | cancel (the worker, at its
+                 |  |        or hung; attempts left)                  |  next safe point; the
+                 v  |                                                 |  reconciler, if that worker
+                running ----------------------------------------------+  died meanwhile)
+                 |   |
+         succeed |   | fail (the worker: a readable reason)
+                 |   | give up (reconciler: silent or hung on its last attempt)
+                 v   v
+          succeeded   failed
+
+`succeeded`, `failed` and `canceled` are final. While `running`, a job also carries its progress
+(stage, fraction, detail, `progress_at`), its heartbeat and a `cancel_requested` flag; those writes
+are guarded like the transitions but leave the state as it is.
+
+Every transition is one conditional UPDATE whose WHERE clause names the state it leaves, and, for
+a worker, the attempt it owns; the reconciler's retry and give-up also re-check, in the same
+statement, that the job is still silent or hung. So API replicas, reconcilers and a worker that
+was superseded while it was silent can race freely: exactly one of them wins, and the others learn
+it from the row count. Nothing else in the code writes `jobs.status` (a test checks).
+
+A job's outputs (results, fits, probe points, artifacts) follow its life: they are written only
+while the writing attempt owns the running job and no cancel was asked (`lock_for_output`, in the
+writer's transaction); a canceled job keeps none of them (deleted in the cancel's transaction); a
+retried attempt of a kind that starts over deletes what its dead attempt wrote. Other jobs may
+reuse only outputs of succeeded jobs (see `workers.kinds.steps.find_dense_baseline`), so no
+deletion here ever removes a row another job refers to. docs/architecture.md draws the whole path.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, CursorResult, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result, utcnow
+
+FINAL_STATES = frozenset(status for status in JobStatus if status.terminal)
+OUTPUT_TABLES = (Result, Fit, ProbePoint, Artifact)
+"""Tables whose rows belong to a job (`job_id`) and share its fate."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job: what a worker owns between its claim and its outcome."""
+
+    job_id: str
+    number: int
+
+    def owns(self) -> ColumnElement[bool]:
+        """The job is running this attempt (a superseded attempt matches no row)."""
+        return (Job.id == self.job_id) & (Job.status == JobStatus.running) & (Job.attempts == self.number)
+
+
+def _changed(session: Session, statement: Any) -> bool:
+    result = session.execute(statement)
+    return bool(cast(CursorResult[Any], result).rowcount)
+
+
+# ----------------------------------------------------------------------------- queued -> ...
+
+
+def submit(
+    session: Session,
+    *,
+    kind: str,
+    request: dict[str, Any],
+    model_id: str,
+    request_hash: str,
+    idempotency_key: str | None = None,
+) -> Job:
+    """A new `queued` job row (flushed, so it has its id); the caller's transaction commits it
+    before anything is enqueued, so the queue never holds an id the store lacks."""
+    job = Job(
+        kind=kind,
+        request=request,
+        model_id=model_id,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        status=JobStatus.queued,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def mark_enqueued(session: Session, job_id: str, now: datetime | None = None) -> bool:
+    """Record that the transport holds the queued job (the reconciler's grace starts here)."""
+    return _changed(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(enqueued_at=now or utcnow()),
+    )
+
+
+def claim(session: Session, job_id: str, worker: str, now: datetime | None = None) -> Attempt | None:
+    """queued -> running for `worker`: the next attempt, or None if the job is not queued (taken by
+    another worker, canceled, finished, or a stale delivery)."""
+    now = now or utcnow()
+    claimed = _changed(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(
+            status=JobStatus.running,
+            attempts=Job.attempts + 1,
+            started_at=now,
+            heartbeat_at=now,
+            progress_at=now,
+            stage="starting",
+            progress=0.0,
+            detail=None,
+            worker=worker,
+        ),
+    )
+    if not claimed:
+        return None
+    attempts = session.scalar(select(Job.attempts).where(Job.id == job_id))
+    assert attempts is not None
+    return Attempt(job_id, attempts)
+
+
+class CancelOutcome(enum.Enum):
+    CANCELED = "canceled"  # it was queued: it will never run
+    REQUESTED = "requested"  # it is running: it stops at its next safe point
+    FINISHED = "finished"  # already final: nothing to cancel
+    MISSING = "missing"  # no such job
+
+
+def request_cancel(session: Session, job_id: str, now: datetime | None = None) -> CancelOutcome:
+    """A user's cancel: queued -> canceled at once (with anything an earlier attempt stored), or,
+    for a running job, the flag its worker sees at its next safe point."""
+    now = now or utcnow()
+    if _changed(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(
+            status=JobStatus.canceled,
+            stage="canceled",
+            finished_at=now,
+            cancel_requested=True,
+            error="canceled by request before it ran",
+        ),
+    ):
+        discard_outputs(session, job_id)
+        return CancelOutcome.CANCELED
+    if _changed(
+        session,
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.running).values(cancel_requested=True),
+    ):
+        return CancelOutcome.REQUESTED
+    exists = session.scalar(select(Job.id).where(Job.id == job_id))
+    return CancelOutcome.FINISHED if exists is not None else CancelOutcome.MISSING
+
+
+# ------------------------------------------------------------------------- while running (worker)
+
+
+def record_progress(
+    session: Session,
+    attempt: Attempt,
+    *,
+    stage: str,
+    progress: float,
+    detail: str | None,
+    now: datetime | None = None,
+) -> bool:
+    """Where the attempt is (also a heartbeat); False if the attempt no longer owns the job."""
+    now = now or utcnow()
+    return _changed(
+        session,
+        update(Job)
+        .where(attempt.owns())
+        .values(
+            stage=stage,
+            progress=max(0.0, min(1.0, progress)),
+            detail=detail,
+            progress_at=now,
+            heartbeat_at=now,
+        ),
+    )
+
+
+def beat(session: Session, attempt: Attempt, now: datetime | None = None) -> bool | None:
+    """A heartbeat: whether a cancel was asked, or None if the attempt no longer owns the job."""
+    row = session.execute(
+        update(Job).where(attempt.owns()).values(heartbeat_at=now or utcnow()).returning(Job.cancel_requested)
+    ).first()
+    return None if row is None else bool(row[0])
+
+
+def record_environment(session: Session, attempt: Attempt, environment: dict[str, Any]) -> bool:
+    """Versions and device of the run, on the job."""
+    return _changed(session, update(Job).where(attempt.owns()).values(environment=environment))
+
+
+class OutputRefused(Exception):
+    """The attempt may not store outputs: superseded (`superseded`), or a cancel was asked."""
+
+    def __init__(self, superseded: bool) -> None:
+        super().__init__("this attempt was superseded" if superseded else "the job was asked to cancel")
+        self.superseded = superseded
+
+
+def lock_for_output(session: Session, attempt: Attempt) -> None:
+    """Lock the job row for the caller's transaction if this attempt may still add outputs; raise
+    OutputRefused if not. A cancel request (an UPDATE of the same row) waits for the lock, so outputs
+    are stored either before it, and deleted by the cancel, or not at all."""
+    row = session.execute(select(Job.cancel_requested).where(attempt.owns()).with_for_update()).first()
+    if row is None:
+        raise OutputRefused(superseded=True)
+    if row[0]:
+        raise OutputRefused(superseded=False)
+
+
+def discard_earlier_attempts(session: Session, attempt: Attempt) -> bool:
+    """A retried attempt that starts over deletes what the dead attempt stored; False if this
+    attempt is no longer the job's (then nothing is deleted)."""
+    if session.execute(select(Job.id).where(attempt.owns()).with_for_update()).first() is None:
+        return False
+    discard_outputs(session, attempt.job_id)
+    return True
+
+
+def discard_outputs(session: Session, job_id: str) -> list[str]:
+    """Delete every output row of the job; returns the artifact paths whose rows went (their files
+    are the caller's to remove)."""
+    paths = list(session.scalars(select(Artifact.path).where(Artifact.job_id == job_id)))
+    for table in OUTPUT_TABLES:
+        session.execute(delete(table).where(table.job_id == job_id))
+    return paths
+
+
+# ------------------------------------------------------------------------- running -> final (worker)
+
+
+def succeed(session: Session, attempt: Attempt, now: datetime | None = None) -> bool:
+    """running -> succeeded, unless a cancel was asked meanwhile (then False: cancel instead). The
+    error an earlier attempt left ("attempt 1 lost its worker") is cleared."""
+    return _changed(
+        session,
+        update(Job)
+        .where(attempt.owns(), Job.cancel_requested.is_(False))
+        .values(
+            status=JobStatus.succeeded,
+            stage="done",
+            progress=1.0,
+            detail=None,
+            error=None,
+            finished_at=now or utcnow(),
+        ),
+    )
+
+
+def fail(session: Session, attempt: Attempt, reason: str, now: datetime | None = None) -> bool:
+    """running -> failed with the reason, for the attempt that owns the job."""
+    return _changed(
+        session,
+        update(Job)
+        .where(attempt.owns())
+        .values(status=JobStatus.failed, stage="failed", error=reason, finished_at=now or utcnow()),
+    )
+
+
+def cancel(session: Session, attempt: Attempt, now: datetime | None = None) -> list[str] | None:
+    """running -> canceled at a safe point after a cancel request, deleting the job's outputs in the
+    same transaction; the artifact paths to remove, or None if the attempt no longer owns the job."""
+    if not _changed(
+        session,
+        update(Job)
+        .where(attempt.owns())
+        .values(
+            status=JobStatus.canceled,
+            stage="canceled",
+            error="canceled by request",
+            finished_at=now or utcnow(),
+        ),
+    ):
+        return None
+    return discard_outputs(session, attempt.job_id)
+
+
+# ----------------------------------------------------------------- running -> ... (the reconciler)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """When a running job counts as dead: no heartbeat since `silent_before` or no progress since
+    `hung_before` (None: that test is off, e.g. while the store was not reachable long enough)."""
+
+    silent_before: datetime | None
+    hung_before: datetime | None
+
+    def dead(self) -> ColumnElement[bool] | None:
+        tests = []
+        if self.silent_before is not None:
+            tests.append(func.coalesce(Job.heartbeat_at, Job.started_at, Job.created_at) < self.silent_before)
+        if self.hung_before is not None:
+            tests.append(func.coalesce(Job.progress_at, Job.started_at, Job.created_at) < self.hung_before)
+        if not tests:
+            return None
+        return tests[0] if len(tests) == 1 else tests[0] | tests[1]
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    """A running job the reconciler found silent or hung, as it read it."""
+
+    job_id: str
+    attempts: int
+    cancel_requested: bool
+    heartbeat_at: datetime | None
+    progress_at: datetime | None
+    stage: str
+    detail: str | None
+
+
+def dead_jobs(session: Session, liveness: Liveness) -> Sequence[DeadJob]:
+    """Running jobs whose worker is silent or hung by `liveness`."""
+    dead = liveness.dead()
+    if dead is None:
+        return []
+    rows = session.execute(
+        select(
+            Job.id,
+            Job.attempts,
+            Job.cancel_requested,
+            Job.heartbeat_at,
+            Job.progress_at,
+            Job.stage,
+            Job.detail,
+        ).where(Job.status == JobStatus.running, dead)
+    ).all()
+    return [DeadJob(*row) for row in rows]
+
+
+def _still_dead(job: DeadJob, liveness: Liveness) -> ColumnElement[bool]:
+    dead = liveness.dead()
+    assert dead is not None
+    return (Job.id == job.job_id) & (Job.status == JobStatus.running) & (Job.attempts == job.attempts) & dead
+
+
+def retry(
+    session: Session, job: DeadJob, liveness: Liveness, reason: str, now: datetime | None = None
+) -> bool:
+    """running -> queued for another attempt, if the job is still dead by `liveness` (re-checked in
+    the statement: a worker that beat meanwhile keeps its job)."""
+    now = now or utcnow()
+    return _changed(
+        session,
+        update(Job)
+        .where(_still_dead(job, liveness))
+        .values(
+            status=JobStatus.queued,
+            stage="queued",
+            progress=0.0,
+            detail=None,
+            worker=None,
+            enqueued_at=now,
+            error=reason,
+        ),
+    )
+
+
+def give_up(
+    session: Session, job: DeadJob, liveness: Liveness, reason: str, now: datetime | None = None
+) -> bool:
+    """running -> failed when the dead job had no attempts left (re-checked like `retry`)."""
+    return _changed(
+        session,
+        update(Job)
+        .where(_still_dead(job, liveness))
+        .values(status=JobStatus.failed, stage="failed", finished_at=now or utcnow(), error=reason),
+    )
+
+
+def cancel_dead(
+    session: Session, job: DeadJob, liveness: Liveness, reason: str, now: datetime | None = None
+) -> list[str] | None:
+    """running -> canceled for a dead job that had been asked to cancel, deleting its outputs;
+    the artifact paths to remove, or None if it is no longer dead (re-checked like `retry`)."""
+    if not _changed(
+        session,
+        update(Job)
+        .where(_still_dead(job, liveness))
+        .values(status=JobStatus.canceled, stage="canceled", finished_at=now or utcnow(), error=reason),
+    ):
+        return None
+    return discard_outputs(session, job.job_id)

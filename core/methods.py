@@ -1,0 +1,249 @@
+"""The pruning methods, one registry entry each: what a method is, needs, saves and is stored as.
+
+Both sides dispatch through this registry instead of comparing method names: the API checks a
+request against its method (`Method.check`, `Method.refusal`), the engine picks the pruner for a
+method's `kind` (`workers.pruners`). Adding a method means one entry here, one engine function
+there. The science of each method is in docs/science.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from core.families import refusal_reason
+from core.param_count import sliced_width
+
+DENSE: Final = "dense"
+"""The method name results of an unpruned model are stored under (sparsity 0)."""
+DEFAULT_METHOD: Final = "slicegpt"
+"""What predictions, curves and the CLI assume when no method is named."""
+
+UNSTRUCTURED = "unstructured"
+NM_PATTERNS: tuple[str, ...] = ("2:4", "4:8")
+NM_SPARSITY = 0.5
+"""The only sparsity an N:M pattern gives: N of every M consecutive weights are zeroed."""
+
+SLICED_ARTIFACT = "sliced-model"
+"""A SliceGPT model: loaded with `workers.slicing.artifacts.load_sliced`."""
+PRUNED_ARTIFACT = "pruned-model"
+"""A stock transformers checkpoint plus prunecast_pruning.json: `from_pretrained` loads it."""
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+class MethodKind(enum.StrEnum):
+    slicing = "slicing"  # removes residual-stream width (rotations, then deletion)
+    intra_layer = "intra-layer"  # zeroes weights inside every block linear
+    drop = "drop"  # removes whole branches or blocks
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a model cannot be pruned as asked, and the problem slug the API answers with."""
+
+    reason: str
+    slug: str  # "unsupported-architecture" | "invalid-sparsity"
+    title: str
+
+
+@dataclass(frozen=True)
+class Method:
+    """One pruning method."""
+
+    name: str  # as requests name it
+    kind: MethodKind
+    summary: str  # one sentence for the API docs
+    calibrated: bool  # reads calibration data
+    removes: str | None = None  # drops: what each dropped layer loses
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Sparsity patterns it takes (N:M only where it zeroes weights)."""
+        return (UNSTRUCTURED, *NM_PATTERNS) if self.kind is MethodKind.intra_layer else (UNSTRUCTURED,)
+
+    @property
+    def stage(self) -> str:
+        """The job stage its work is reported under."""
+        return "slicing" if self.kind is MethodKind.slicing else "pruning"
+
+    @property
+    def artifact_kind(self) -> str:
+        return SLICED_ARTIFACT if self.kind is MethodKind.slicing else PRUNED_ARTIFACT
+
+    @property
+    def sweepable(self) -> bool:
+        """Sweeps fit the slicing laws, so only slicing methods sweep."""
+        return self.kind is MethodKind.slicing
+
+    def stored_name(self, pattern: str = UNSTRUCTURED) -> str:
+        """The method name results are stored under: an N:M pattern is part of it ("wanda-2:4"), so
+        curves, predictions and exports never mix patterns of one method."""
+        return self.name if pattern == UNSTRUCTURED else f"{self.name}-{pattern}"
+
+    def stored_names(self) -> tuple[str, ...]:
+        return tuple(self.stored_name(pattern) for pattern in self.patterns)
+
+    def check(self, sparsity: float, pattern: str, slice_head: bool | None = None) -> None:
+        """The request rules every job kind that carries this method follows (ValueError: why not)."""
+        if pattern not in self.patterns:
+            takers = ", ".join(m.name for m in METHODS.values() if pattern in m.patterns)
+            raise ValueError(
+                f"pattern {pattern!r} only applies to {takers} (got method {self.name!r}); leave pattern "
+                f"at '{UNSTRUCTURED}'"
+            )
+        if pattern != UNSTRUCTURED and sparsity != NM_SPARSITY:
+            kept, group = pattern.split(":")
+            raise ValueError(
+                f"pattern {pattern!r} zeroes {kept} of every {group} weights, so its sparsity is fixed at "
+                f"{NM_SPARSITY}; set sparsity to {NM_SPARSITY} (got {sparsity:g}) or use pattern "
+                f"'{UNSTRUCTURED}'"
+            )
+        if slice_head is not None and self.kind is not MethodKind.slicing:
+            raise ValueError(f"slice_head is a slicegpt option; leave it null for method {self.name!r}")
+
+    def refusal(
+        self, config: Mapping[str, Any], sparsities: Sequence[float], round_to: int
+    ) -> Refusal | None:
+        """Why the model with this config cannot be pruned at these sparsities, from the config alone
+        (the API refuses at submit what the worker would refuse after loading), or None."""
+        if self.kind is MethodKind.slicing:
+            return _slicing_refusal(config, sparsities, round_to)
+        reason = causal_lm_refusal(config)
+        if reason is not None:
+            return Refusal(reason, "unsupported-architecture", "Model cannot be pruned with this method")
+        if self.kind is MethodKind.drop:
+            for sparsity in sparsities:
+                if (reason := self.drop_refusal(sparsity, config)) is not None:
+                    return Refusal(reason, "invalid-sparsity", "Nothing left")
+        return None
+
+    def drop_refusal(self, sparsity: float, config: Mapping[str, Any]) -> str | None:
+        """Why dropping this fraction of the model's layers leaves nothing, or None."""
+        layers = num_layers(config)
+        if layers is None:
+            return None
+        dropped = layers_dropped(sparsity, layers)
+        if dropped < layers:
+            return None
+        return (
+            f"{self.name} at sparsity {sparsity:g} removes round({sparsity:g} * {layers}) = {dropped} of the "
+            f"model's {layers} layers, i.e. every {self.removes}; use a sparsity below "
+            f"{(layers - 0.5) / layers:.3g}"
+        )
+
+
+METHODS: dict[str, Method] = {
+    method.name: method
+    for method in (
+        Method(
+            "slicegpt",
+            MethodKind.slicing,
+            "remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)",
+            calibrated=True,
+        ),
+        Method("magnitude", MethodKind.intra_layer, "zero the weights of smallest |W| in each linear", False),
+        Method(
+            "wanda",
+            MethodKind.intra_layer,
+            "zero the weights of smallest |W| * ||X|| (input activation norm from the calibration data), "
+            "compared within each output row",
+            calibrated=True,
+        ),
+        Method(
+            "sparsegpt",
+            MethodKind.intra_layer,
+            "OBS-style pruning with the layer's Hessian X X^T, updating the kept weights; blocks of 128 "
+            "columns, 1% damping",
+            calibrated=True,
+        ),
+        Method(
+            "attention-drop",
+            MethodKind.drop,
+            "remove the attention branches that change the residual stream least (highest cosine between "
+            "the branch's input and output residual on the calibration data)",
+            calibrated=True,
+            removes="attention branch",
+        ),
+        Method(
+            "mlp-drop",
+            MethodKind.drop,
+            "remove the MLP branches that change the residual stream least (same score)",
+            calibrated=True,
+            removes="MLP branch",
+        ),
+        Method(
+            "shortgpt",
+            MethodKind.drop,
+            "remove whole blocks of lowest Block Influence BI = 1 - mean cos(h_in, h_out)",
+            calibrated=True,
+            removes="block",
+        ),
+    )
+}
+METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
+STORED_METHOD_NAMES: tuple[str, ...] = tuple(name for m in METHODS.values() for name in m.stored_names())
+
+
+def method(name: str) -> Method:
+    """The registry entry of `name` (KeyError names the known ones)."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown pruning method {name!r}; known: {', '.join(METHOD_NAMES)}") from None
+
+
+def methods_of(kind: MethodKind) -> tuple[str, ...]:
+    return tuple(name for name, entry in METHODS.items() if entry.kind is kind)
+
+
+def result_method(name: str, pattern: str = UNSTRUCTURED) -> str:
+    """The stored method name of `name` with `pattern` (see `Method.stored_name`)."""
+    return method(name).stored_name(pattern)
+
+
+def layers_dropped(sparsity: float, num_layers: int) -> int:
+    """n = round(sparsity * L): how many attention branches, MLP branches or blocks a drop removes
+    (Python's round: halves go to the even integer)."""
+    return round(sparsity * num_layers)
+
+
+def num_layers(config: Mapping[str, Any]) -> int | None:
+    """The number of blocks L, when the config says it."""
+    for key in LAYER_COUNT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def causal_lm_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why a model with this config is not a decoder-only causal LM (what the intra-layer and drop
+    methods prune), or None when it is, or when the config does not say."""
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    described = f"{architectures[0] if architectures else 'model'} (model_type {config.get('model_type')!r})"
+    if config.get("is_encoder_decoder"):
+        return f"{described} is an encoder-decoder model; only decoder-only causal LMs can be pruned"
+    if architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
+        return (
+            f"{described} is not a causal language model (its architectures are "
+            f"{', '.join(architectures)}; expected a *ForCausalLM or *LMHeadModel class)"
+        )
+    return None
+
+
+def _slicing_refusal(config: Mapping[str, Any], sparsities: Sequence[float], round_to: int) -> Refusal | None:
+    reason = refusal_reason(config)
+    if reason is not None:
+        return Refusal(reason, "unsupported-architecture", "Model cannot be pruned with this method")
+    hidden_size = config.get("hidden_size", config.get("n_embd"))
+    if isinstance(hidden_size, int):
+        try:
+            for sparsity in sparsities:
+                sliced_width(hidden_size, sparsity, round_to)
+        except ValueError as error:
+            return Refusal(f"{error}; lower sparsity or round_to", "invalid-sparsity", "Nothing left")
+    return None

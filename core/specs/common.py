@@ -1,0 +1,142 @@
+"""What every job request is made of: the model, the measuring protocols, the calibration text.
+
+Request models forbid unknown fields, so a typo is a 422 that names the field rather than a
+silently ignored option, and refuse text the store cannot hold (`core.text`). The science behind
+each protocol is in docs/science.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.text import invalid_strings
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class StrictModel(BaseModel):
+    """A request body: unknown fields and unstorable characters are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        for where, problem in invalid_strings(data):
+            raise ValueError(f"`{where}` contains {problem}, which the store cannot hold")
+        return data
+
+
+class PerplexitySpec(StrictModel):
+    """Token perplexity on a test split, non-overlapping windows (docs/science.md §4)."""
+
+    dataset: Literal["wikitext2"] = Field("wikitext2", description="Evaluation corpus (test split).")
+    seqlen: int = Field(
+        2048, ge=16, le=131_072, description="Window length in tokens; capped at the model's context."
+    )
+    max_windows: int | None = Field(
+        None, ge=1, le=100_000, description="Score only the first N windows (cheap runs); null = all."
+    )
+    batch_size: int = Field(1, ge=1, le=64, description="Windows per forward pass.")
+
+
+class ModelSpec(StrictModel):
+    model: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Packaged alias (e.g. `smollm2-135m`), a local directory below "
+        "PRUNECAST_MODEL_ROOTS, or a Hugging Face id present in the local HF cache.",
+        examples=["smollm2-135m"],
+    )
+    revision: str | None = Field(None, max_length=128, description="HF revision (HF ids only).")
+    dtype: Dtype = Field("auto", description="`auto`: float32 on CPU, bfloat16 on CUDA.")
+    device: Device = "auto"
+    seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for any sampling the job does.")
+
+
+# Multiple-choice tasks, named as lm-evaluation-harness names them (workers.mc_tasks.TASKS; a test
+# checks the two agree). Spelled out here because the API never imports the worker's data code.
+AccuracyTask = Literal["arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande", "boolq", "openbookqa"]
+ACCURACY_TASKS: tuple[str, ...] = get_args(AccuracyTask)
+
+
+class AccuracySpec(StrictModel):
+    """Multiple-choice accuracy by the lm-evaluation-harness log-likelihood protocol (docs/science.md §4):
+    `acc` and, where lm-eval defines it, `acc_norm`, each with its standard error, per task."""
+
+    tasks: list[AccuracyTask] = Field(
+        min_length=1,
+        max_length=len(ACCURACY_TASKS),
+        description="Tasks to score, each once. Each scores lm-eval's default split (ARC and "
+        "OpenBookQA: test; the others: validation).",
+        examples=[["arc_easy", "winogrande"]],
+    )
+    limit: int | None = Field(
+        None, ge=1, le=100_000, description="Score only N docs per task (cheap runs); null = all."
+    )
+    subsample_seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="With `limit`: N seeded random docs instead of the first N; null = the first N.",
+    )
+    num_fewshot: int = Field(
+        0, ge=0, le=25, description="Solved examples before each question (drawn from the same split)."
+    )
+    batch_size: int = Field(16, ge=1, le=512, description="Options scored per forward pass.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("tasks lists the same task twice")
+        return value
+
+
+# Longest calibration text a request may carry (characters). The request body limit
+# (PRUNECAST_MAX_BODY_BYTES) applies first, so raise that too to send texts this long.
+MAX_CALIBRATION_TEXT_CHARS = 2_000_000
+
+
+class CalibrationSpec(StrictModel):
+    """The text SliceGPT's PCAs are computed on: `num_sequences` windows of `seqlen` tokens drawn
+    at seeded random offsets from one corpus (docs/science.md §1, step 7)."""
+
+    corpus: Literal["boolq-passages", "text"] = Field(
+        "boolq-passages",
+        description="`boolq-passages`: the packaged BoolQ Wikipedia passages (English prose, ~1.6M "
+        "characters; never the evaluation split). `text`: the `text` field of this request.",
+    )
+    text: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CALIBRATION_TEXT_CHARS,
+        description="Your own calibration text; required when `corpus` is `text`, refused otherwise. "
+        "It must hold at least `seqlen` tokens. Also bounded by the server's request body limit.",
+    )
+    num_sequences: int = Field(
+        128, ge=1, le=4096, description="Calibration windows (SliceGPT uses 128; 1024 does better)."
+    )
+    seqlen: int = Field(
+        2048, ge=16, le=32_768, description="Tokens per window; capped at the model's context length."
+    )
+    batch_size: int = Field(8, ge=1, le=256, description="Windows per forward pass while slicing.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the window offsets; null uses the job's `seed` (default 42).",
+    )
+
+    @model_validator(mode="after")
+    def _text_iff_corpus_is_text(self) -> CalibrationSpec:
+        if self.corpus == "text" and self.text is None:
+            raise ValueError("calibration.text is required when calibration.corpus is 'text'")
+        if self.corpus != "text" and self.text is not None:
+            raise ValueError(
+                f"calibration.text is only read when calibration.corpus is 'text' (got {self.corpus!r})"
+            )
+        return self

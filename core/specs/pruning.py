@@ -1,0 +1,58 @@
+"""The pruning fields that prune, sweep and probe requests share, spelled from the method registry.
+
+The literals below are what the OpenAPI schema shows; `core.methods` is the registry they must
+match (checked at import), so a method added there without being added here fails at once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from core.methods import METHODS, NM_PATTERNS, STORED_METHOD_NAMES, UNSTRUCTURED, MethodKind, methods_of
+
+PruneMethod = Literal["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
+StoredMethod = Literal[
+    PruneMethod,
+    "magnitude-2:4",
+    "magnitude-4:8",
+    "wanda-2:4",
+    "wanda-4:8",
+    "sparsegpt-2:4",
+    "sparsegpt-4:8",
+]
+"""The method names results are stored under: an N:M pattern is part of the name."""
+SparsityPattern = Literal["unstructured", "2:4", "4:8"]
+
+if set(get_args(PruneMethod)) != set(METHODS):
+    raise AssertionError("PruneMethod must list exactly core.methods.METHODS")
+if set(get_args(SparsityPattern)) != {UNSTRUCTURED, *NM_PATTERNS}:
+    raise AssertionError("SparsityPattern must list exactly the patterns of core.methods")
+_stored = {name for arg in get_args(StoredMethod) for name in (get_args(arg) or (arg,))}
+if _stored != set(STORED_METHOD_NAMES):
+    raise AssertionError("StoredMethod must list exactly core.methods.STORED_METHOD_NAMES")
+
+METHOD_DESCRIPTION = "How the model is pruned (docs/science.md §1, §3). " + " ".join(
+    f"`{entry.name}`: {entry.summary}." for entry in METHODS.values()
+)
+SPARSITY_DESCRIPTION = (
+    "Fraction removed; what it counts depends on `method`. `slicegpt`: the fraction of the residual "
+    "width D removed (d = floor((1 - sparsity) * D), rounded down to `round_to`), not of parameters; "
+    "the real parameter fraction is reported as the `param_fraction_removed` result. "
+    + ", ".join(f"`{name}`" for name in methods_of(MethodKind.intra_layer))
+    + ": the fraction of the weights of each pruned linear set to zero (0.5 with an N:M `pattern`). "
+    + ", ".join(f"`{name}`" for name in methods_of(MethodKind.drop))
+    + ": the fraction of the L layers removed, n = round(sparsity * L) attention branches, MLP branches "
+    "or blocks."
+)
+PATTERN_DESCRIPTION = (
+    f"Where the zeros may fall ({', '.join(f'`{name}`' for name in methods_of(MethodKind.intra_layer))} "
+    "only). `unstructured`: anywhere in the comparison group. `2:4` / `4:8`: N of every M consecutive "
+    "input weights of a row (hardware sparse kernels); the sparsity is then N/M = 0.5."
+)
+ROUND_TO_DESCRIPTION = (
+    "`slicegpt` only (ignored by the other methods): round the kept width d down to a multiple of this."
+)
+SLICE_HEAD_DESCRIPTION = (
+    "`slicegpt` only (refused for the other methods): also slice the LM head's input. null: the "
+    "family's default (no, except GPT-2, whose forward needs it)."
+)

@@ -1,0 +1,212 @@
+"""The store's tables (SQLAlchemy 2.0). Postgres in production, SQLite in embedded mode.
+
+The store is the source of truth for jobs: a job row exists before anything is enqueued, and its
+state changes only through the guarded transitions of `core.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_job_id() -> str:
+    """A UUIDv7 (RFC 9562): random, yet ordered by creation time, so ids double as cursors."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76  # version
+    value |= int.from_bytes(os.urandom(10), "big") & ((1 << 76) - 1)
+    value = (value & ~(0xC << 60)) | (0x8 << 60)  # RFC 4122 variant bits
+    return str(uuid.UUID(int=value))
+
+
+MAX_ROW_ID = 2**31 - 1
+"""Largest value of an `Integer` column (ids, layers, steps): 32-bit on PostgreSQL. Ids and cursors
+from clients are bounded by it, so an out-of-range one is a 422, not a store error."""
+
+
+class JobStatus(enum.StrEnum):
+    """The states of a job; `core.lifecycle` draws how they change and is the only writer."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    canceled = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.canceled)
+
+
+TERMINAL_STATUSES = tuple(status.value for status in JobStatus if status.terminal)
+# Stored as its value in a VARCHAR(16) (no database enum type, no CHECK): adding a state needs no
+# migration of the column, and the Python side still only ever sees a JobStatus.
+JOB_STATUS_TYPE = Enum(
+    JobStatus,
+    native_enum=False,
+    create_constraint=False,
+    length=16,
+    values_callable=lambda states: [state.value for state in states],
+    validate_strings=True,
+)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on every backend (SQLite hands back naive datetimes)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use core.tables.utcnow()")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_job_id)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    status: Mapped[JobStatus] = mapped_column(JOB_STATUS_TYPE, default=JobStatus.queued, index=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model_id: Mapped[str] = mapped_column(String(512), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(default=None)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Last change of stage/progress/detail: a job whose heartbeat goes on without it is hung.
+    progress_at: Mapped[datetime | None] = mapped_column(default=None)
+    stage: Mapped[str] = mapped_column(String(64), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    detail: Mapped[str | None] = mapped_column(String(256), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker: Mapped[str | None] = mapped_column(String(128), default=None)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True, default=None)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
+class Result(Base):
+    __tablename__ = "results"
+    __table_args__ = (Index("ix_results_model_method_metric", "model_id", "method", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, default=None
+    )
+    model_id: Mapped[str] = mapped_column(String(512))
+    model_revision: Mapped[str | None] = mapped_column(String(128), default=None)
+    method: Mapped[str] = mapped_column(String(32))  # "dense" for an unpruned model
+    sparsity: Mapped[float] = mapped_column(Float, default=0.0)
+    metric: Mapped[str] = mapped_column(String(64))  # e.g. "ppl", "acc", "acc_norm"
+    dataset: Mapped[str] = mapped_column(String(128))
+    split: Mapped[str | None] = mapped_column(String(64), default=None)
+    protocol: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    value: Mapped[float] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float, default=None)
+    n: Mapped[int | None] = mapped_column(Integer, default=None)
+    source: Mapped[str] = mapped_column(String(16), default="measured")  # measured | predicted
+    law: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ProbePoint(Base):
+    """One deviation-probe measurement (docs/science.md §3): the measured value of `metric` in `space`
+    at a layer / sublayer / generation step, and its Taylor estimate where one exists."""
+
+    __tablename__ = "probe_points"
+    __table_args__ = (Index("ix_probe_points_job_id_probe", "job_id", "probe"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # counterfactual | model | generation-greedy | generation-sampled | mc-subspace (schemas.PROBE_KINDS)
+    probe: Mapped[str] = mapped_column(String(32))
+    layer: Mapped[int | None] = mapped_column(Integer, default=None)
+    sublayer: Mapped[str | None] = mapped_column(String(16), default=None)  # attention | mlp | block
+    space: Mapped[str] = mapped_column(String(16))  # embedding | logits | probs | tokens
+    step: Mapped[int | None] = mapped_column(Integer, default=None)  # generation step
+    metric: Mapped[str] = mapped_column(String(32))  # 1-cos | kl | agree | prefix_agree ...
+    value: Mapped[float] = mapped_column(Float)
+    estimate: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(String(1024))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Fit(Base):
+    """A prediction law fitted to measured points of one model, method, metric and protocol (a
+    sweep stores one per metric), with how well every candidate law matched those points."""
+
+    __tablename__ = "fits"
+    __table_args__ = (Index("ix_fits_model_method_metric", "model_id", "method", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, default=None
+    )
+    model_id: Mapped[str] = mapped_column(String(512))
+    model_revision: Mapped[str | None] = mapped_column(String(128), default=None)
+    method: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(64))  # "ppl" (later "acc", "acc_norm" per task)
+    dataset: Mapped[str] = mapped_column(String(128))
+    # The protocol the points share: perplexity keys (steps.BASELINE_MATCH_KEYS), calibration...
+    protocol: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    law: Mapped[str] = mapped_column(String(64))  # the chosen law, e.g. "alpha", "affine"
+    formula: Mapped[str] = mapped_column(String(256))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # the chosen law's parameters
+    baseline: Mapped[float] = mapped_column(Float)  # the measured dense value (PPL0 or acc0)
+    # [{"sparsity", "value", "result_id", "used"}], dense point first
+    points: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    # law -> {"n", "r2", "max_ape", "mean_ape", "loo_rel_error", "formula", "params"}, strict included
+    quality: Mapped[dict[str, Any]] = mapped_column(JSON)
+    chosen_reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,189 @@
+"""Migrations build the same schema as the ORM tables, on Postgres and SQLite, and go both ways."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, select, text
+
+from core.migrate import alembic_config, pending_migrations, upgrade
+from core.store import Store, make_engine
+from core.tables import Base, Fit, Job, ProbePoint
+from tests.conftest import scratch_database
+
+
+def _schema(url: str) -> dict[str, set[str]]:
+    engine = make_engine(url)
+    inspector = inspect(engine)
+    tables = {
+        name: {column["name"] for column in inspector.get_columns(name)}
+        for name in inspector.get_table_names()
+    }
+    engine.dispose()
+    tables.pop("alembic_version", None)
+    return tables
+
+
+EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
+# Revision 0004 added jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0004 = {**EXPECTED, "jobs": EXPECTED["jobs"] - {"progress_at"}}
+BEFORE_0003 = {**BEFORE_0004, "probe_points": EXPECTED["probe_points"] - {"probe"}}
+
+
+def _insert_job(store: Store, job_id: str, kind: str, status: str = "queued") -> None:
+    """A job row as an older revision's code wrote it (the ORM's table has newer columns)."""
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO jobs (id, kind, status, request, model_id, created_at, updated_at, stage, "
+                "progress, attempts, cancel_requested, request_hash) VALUES (:id, :kind, :status, '{}', "
+                "'m', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'queued', 0, 0, false, 'h')"
+            ),
+            {"id": job_id, "kind": kind, "status": status},
+        )
+
+
+@pytest.fixture
+def scratch_pg_url() -> Iterator[str]:
+    with scratch_database("prunecast_mig") as url:
+        yield url
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_upgrade_matches_tables_and_downgrade_removes_them(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = scratch_pg_url if backend == "postgres" else f"sqlite:///{tmp_path / 'store.db'}"
+    engine = make_engine(url)
+    assert pending_migrations(engine)
+    upgrade(url)
+    assert not pending_migrations(engine)
+    engine.dispose()
+    assert _schema(url) == EXPECTED
+    command.downgrade(alembic_config(url), "base")
+    assert _schema(url) == {}
+
+
+def _url(backend: str, scratch_pg_url: str, tmp_path: Path) -> str:
+    return scratch_pg_url if backend == "postgres" else f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_migrated_schema_matches_the_tables_in_types_indexes_and_keys(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_fits_migration_upgrades_a_0001_store_with_data_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0001")
+    store = Store(url)
+    _insert_job(store, "job-1", "sweep")
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    with store.session() as session:
+        session.add(
+            Fit(
+                job_id="job-1",
+                model_id="m",
+                method="slicegpt",
+                metric="ppl",
+                dataset="wikitext2",
+                law="alpha",
+                formula="f",
+                params={"alpha": 1.2},
+                baseline=20.0,
+                points=[{"sparsity": 0.0, "value": 20.0, "result_id": None, "used": True}],
+                quality={},
+                chosen_reason="r",
+            )
+        )
+    with store.session() as session:
+        assert session.scalars(select(Fit.params)).one() == {"alpha": 1.2}
+    store.dispose()
+
+    command.downgrade(alembic_config(url), "0001")
+    assert _schema(url) == {name: columns for name, columns in BEFORE_0003.items() if name != "fits"}
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalars(select(Job.id)).all() == ["job-1"]
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_probe_kind_migration_upgrades_a_0002_store_with_points_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0002")
+    assert _schema(url) == BEFORE_0003
+    store = Store(url)
+    _insert_job(store, "job-1", "probe")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO probe_points (job_id, layer, sublayer, space, metric, value, estimate) "
+                "VALUES ('job-1', 3, 'mlp', 'embedding', '1-cos', 0.25, 0.2)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        old = session.scalars(select(ProbePoint)).one()
+        assert (old.probe, old.layer, old.value) == ("counterfactual", 3, 0.25)
+        session.add(
+            ProbePoint(
+                job_id="job-1", probe="generation-greedy", space="tokens", step=0, metric="agree", value=1.0
+            )
+        )
+    store.dispose()
+    engine = make_engine(url)
+    index_columns = {
+        index["name"]: index["column_names"] for index in inspect(engine).get_indexes("probe_points")
+    }
+    engine.dispose()
+    assert index_columns == {"ix_probe_points_job_id_probe": ["job_id", "probe"]}
+
+    command.downgrade(alembic_config(url), "0002")
+    assert _schema(url) == BEFORE_0003
+    store = Store(url)
+    with store.session() as session:
+        rows = session.execute(text("SELECT space, metric FROM probe_points ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [("embedding", "1-cos"), ("tokens", "agree")]
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_progress_at_migration_keeps_running_jobs_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0003")
+    assert _schema(url) == BEFORE_0004
+    store = Store(url)
+    _insert_job(store, "job-1", "evaluate", status="running")
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    with store.session() as session:
+        job = session.get(Job, "job-1")
+        assert job is not None and job.status == "running" and job.progress_at is None
+    store.dispose()
+    command.downgrade(alembic_config(url), "0003")
+    assert _schema(url) == BEFORE_0004

@@ -1,0 +1,125 @@
+"""The layout's promises, checked on the source: `app -> core <- workers`, one writer of a job's
+status, dispatch through the method registry, and a torch-free service side (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.methods import METHOD_NAMES, STORED_METHOD_NAMES
+from core.tables import JobStatus
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("core", "app", "workers")
+FORBIDDEN = {"core": ("app", "workers"), "app": ("workers",), "workers": ("app",)}
+BY_NAME_HOME = REPO_ROOT / "core" / "entrypoints.py"
+STATUS_WRITER = REPO_ROOT / "core" / "lifecycle.py"
+METHOD_REGISTRY = REPO_ROOT / "core" / "methods.py"
+STATES = {status.value for status in JobStatus}
+
+
+def sources(package: str) -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted((REPO_ROOT / package).rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def imported_modules(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):  # function-level imports count as much as top-level ones
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_side_imports_only_what_the_arrows_allow(package: str) -> None:
+    crossings = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for path, tree in sources(package)
+        for line, module in imported_modules(tree)
+        if module.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert crossings == []
+
+
+@pytest.mark.parametrize("package", ["core", "app"])
+def test_the_service_side_names_the_engine_only_in_the_entry_point_registry(package: str) -> None:
+    named = [
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.value!r}"
+        for path, tree in sources(package)
+        if path != BY_NAME_HOME
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("workers.")
+    ]
+    assert named == []
+
+
+def _is_state(value: ast.expr) -> bool:
+    if isinstance(value, ast.Attribute):
+        return ast.unparse(value).startswith("JobStatus.")
+    return isinstance(value, ast.Constant) and value.value in STATES
+
+
+def _writes_status(node: ast.AST) -> bool:
+    """`.values(status=...)`, `Job(status=...)`, any call given `status=JobStatus.x`, or
+    `something.status = <a state>`."""
+    if isinstance(node, ast.Call):
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for keyword in node.keywords:
+            if keyword.arg == "status" and (
+                callee in ("values", "Job") or isinstance(keyword.value, ast.Attribute)
+            ):
+                return callee in ("values", "Job") or _is_state(keyword.value)
+    if isinstance(node, ast.Assign):
+        return _is_state(node.value) and any(
+            isinstance(target, ast.Attribute) and target.attr == "status" for target in node.targets
+        )
+    return False
+
+
+def test_only_the_lifecycle_module_writes_a_jobs_status() -> None:
+    writers = [
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+        for package in PACKAGES
+        for path, tree in sources(package)
+        if path != STATUS_WRITER
+        for node in ast.walk(tree)
+        if _writes_status(node)
+    ]
+    assert writers == []
+
+
+def test_no_code_outside_the_registry_branches_on_a_method_name() -> None:
+    names = set(METHOD_NAMES) | set(STORED_METHOD_NAMES)
+    branches = [
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno} {ast.unparse(node)}"
+        for package in PACKAGES
+        for path, tree in sources(package)
+        if path != METHOD_REGISTRY
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(part, ast.Constant) and part.value in names for part in (node.left, *node.comparators)
+        )
+    ]
+    assert branches == []
+
+
+def test_the_service_side_loads_no_torch_or_transformers() -> None:
+    heavy = ("torch", "transformers", "safetensors", "accelerate")
+    script = (
+        "import sys, core.lifecycle, core.methods, core.specs, core.laws, app.main, app.cli\n"
+        "app.main.create_app\n"
+        f"print(','.join(name for name in {heavy!r} if name in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "", f"the service side imported {done.stdout.strip()}"
