@@ -66,6 +66,6 @@ def require_token(
             401, "send 'Authorization: Bearer <token>'", slug="unauthorized", headers=challenge
         )
     # Header values arrive decoded as latin-1; compared as bytes, a non-ASCII token is just wrong.
-    presented = credentials.credentials.encode("latin-1", errors="replace")
+    presented = credentials.credentials.encode("latin-1")
     if not any(hmac.compare_digest(presented, token.encode()) for token in tokens):
         raise ProblemError(401, "the bearer token is not valid", slug="unauthorized", headers=challenge)

@@ -86,16 +86,20 @@ class RQQueue:
             log.warning("could not remove job from redis queue", job_id=job_id, error=str(error))
 
     def holds(self, job_id: str) -> bool:
+        from redis.exceptions import RedisError
         from rq.exceptions import NoSuchJobError
         from rq.job import Job, JobStatus
 
         try:
             rq_job = Job.fetch(job_id, connection=self.redis)
+            status = rq_job.get_status(refresh=False)
+            queued = status == JobStatus.QUEUED and job_id in self.queue.get_job_ids()
         except NoSuchJobError:
             return False
-        status = rq_job.get_status(refresh=False)
+        except RedisError as error:
+            raise QueueUnavailable(f"redis: {error}") from error
         if status == JobStatus.QUEUED:
-            return job_id in self.queue.get_job_ids()
+            return queued
         if status in (JobStatus.SCHEDULED, JobStatus.DEFERRED):
             return True
         if status == JobStatus.STARTED and rq_job.started_at is not None:
@@ -121,25 +125,34 @@ class RQQueue:
 
 
 class ThreadQueue:
-    """Embedded mode: one daemon thread runs the very same job function as an RQ worker."""
+    """Embedded mode: a daemon thread runs the very same job function as an RQ worker.
+
+    A thread cannot be killed, so when a job is taken over while its thread hangs (the reconciler
+    retried it), that thread is retired: it takes no further job, and a fresh thread serves the
+    queue, the retry included.
+    """
 
     def __init__(self, store: Store, settings: Settings, *, start_worker: bool = True) -> None:
         self.store = store
         self.settings = settings
         self._pending: stdlib_queue.Queue[str | None] = stdlib_queue.Queue()
-        self._waiting: set[str] = set()  # ids in _pending, not yet taken by the worker thread
-        self._running: str | None = None
+        self._waiting: set[str] = set()  # ids in _pending, not yet taken by a worker thread
+        self._running: dict[threading.Thread, str] = {}  # worker thread -> the job it runs
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the thread that takes new jobs
         if start_worker:
-            self._thread = threading.Thread(target=self._work, name="prunecast-worker", daemon=True)
-            self._thread.start()
+            with self._lock:
+                self._start_worker()
+
+    def _start_worker(self) -> None:
+        """Start the thread that takes jobs from now on (call with the lock held)."""
+        self._thread = threading.Thread(target=self._work, name="prunecast-worker", daemon=True)
+        self._thread.start()
 
     def enqueue(self, job_id: str) -> None:
         with self._lock:
             if job_id in self._waiting:
                 return
-            # A job re-queued while its superseded attempt still runs here queues behind it.
             self._waiting.add(job_id)
         self._pending.put(job_id)
 
@@ -149,7 +162,8 @@ class ThreadQueue:
 
     def holds(self, job_id: str) -> bool:
         with self._lock:
-            return job_id in self._waiting or job_id == self._running
+            current = self._running.get(self._thread) if self._thread is not None else None
+            return job_id in self._waiting or job_id == current
 
     def depth(self) -> int:
         return self._pending.qsize()
@@ -163,22 +177,34 @@ class ThreadQueue:
             self._pending.put(None)
             self._thread.join(timeout=5)
 
+    def _retire(self, thread: threading.Thread) -> None:
+        """The job `thread` runs was taken over (its attempt superseded): let another thread serve."""
+        with self._lock:
+            if self._thread is not thread:
+                return
+            log.warning(
+                "embedded worker: a superseded job still holds the worker thread; starting another",
+                job_id=self._running.get(thread),
+            )
+            self._start_worker()
+
     def _work(self) -> None:
         execute_job = resolve(EMBEDDED_JOB_FUNCTION)  # the engine, imported in this thread only
-        while True:
+        me = threading.current_thread()
+        while self._thread is me:
             job_id = self._pending.get()
             if job_id is None:
                 return
             with self._lock:
                 self._waiting.discard(job_id)
-                self._running = job_id
+                self._running[me] = job_id
             try:
-                execute_job(self.store, self.settings, job_id)
+                execute_job(self.store, self.settings, job_id, on_superseded=lambda: self._retire(me))
             except Exception:
                 log.exception("embedded worker: job crashed outside its handler", job_id=job_id)
             finally:
                 with self._lock:
-                    self._running = None
+                    self._running.pop(me, None)
 
 
 def make_queue(settings: Settings, store: Store) -> JobQueue:

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 
 from app.queueing import JobQueue, QueueUnavailable
 from core import lifecycle
+from core.artifacts import remove_job_files
 from core.settings import Settings
 from core.store import Store, is_outage
 from core.tables import Job, JobStatus, utcnow
@@ -74,13 +75,13 @@ def _requeue_lost(store: Store, queue: JobQueue, settings: Settings, report: Rec
             )
         ).all()
     for job_id in queued_ids:
-        if queue.holds(job_id):
-            continue
         try:
+            if queue.holds(job_id):
+                continue
             queue.enqueue(job_id)
         except QueueUnavailable as error:
             log.warning("reconciler: queue unavailable, will retry", error=str(error))
-            return
+            return  # dead-job recovery below still runs: it needs the store, not the queue
         with store.session() as session:
             lifecycle.mark_enqueued(session, job_id)
         report.requeued += 1
@@ -123,6 +124,8 @@ def _recover(
             outcome, changed = "failed", lifecycle.give_up(session, job, alive, reason)
     if not changed:
         return  # it beat meanwhile, or another reconciler or the worker itself got there first
+    if removed is not None:
+        remove_job_files(settings, job.job_id, removed)  # the canceled job keeps nothing
     setattr(report, outcome, getattr(report, outcome) + 1)
     log.warning("reconciler: recovered a job whose worker died", job_id=job.job_id, outcome=outcome, why=why)
     if outcome == "retried":

@@ -43,12 +43,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, delete, func, select, update
+from sqlalchemy import ColumnElement, CursorResult, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result, utcnow
 
-FINAL_STATES = frozenset(status for status in JobStatus if status.terminal)
 OUTPUT_TABLES = (Result, Fit, ProbePoint, Artifact)
 """Tables whose rows belong to a job (`job_id`) and share its fate."""
 
@@ -141,7 +140,13 @@ class CancelOutcome(enum.Enum):
     MISSING = "missing"  # no such job
 
 
-def request_cancel(session: Session, job_id: str, now: datetime | None = None) -> CancelOutcome:
+@dataclass(frozen=True)
+class CancelRequest:
+    outcome: CancelOutcome
+    removed: list[str]  # artifact paths whose rows went with the job (their files are the caller's)
+
+
+def request_cancel(session: Session, job_id: str, now: datetime | None = None) -> CancelRequest:
     """A user's cancel: queued -> canceled at once (with anything an earlier attempt stored), or,
     for a running job, the flag its worker sees at its next safe point."""
     now = now or utcnow()
@@ -157,15 +162,14 @@ def request_cancel(session: Session, job_id: str, now: datetime | None = None) -
             error="canceled by request before it ran",
         ),
     ):
-        discard_outputs(session, job_id)
-        return CancelOutcome.CANCELED
+        return CancelRequest(CancelOutcome.CANCELED, discard_outputs(session, job_id))
     if _changed(
         session,
         update(Job).where(Job.id == job_id, Job.status == JobStatus.running).values(cancel_requested=True),
     ):
-        return CancelOutcome.REQUESTED
+        return CancelRequest(CancelOutcome.REQUESTED, [])
     exists = session.scalar(select(Job.id).where(Job.id == job_id))
-    return CancelOutcome.FINISHED if exists is not None else CancelOutcome.MISSING
+    return CancelRequest(CancelOutcome.FINISHED if exists is not None else CancelOutcome.MISSING, [])
 
 
 # ------------------------------------------------------------------------- while running (worker)
@@ -180,17 +184,21 @@ def record_progress(
     detail: str | None,
     now: datetime | None = None,
 ) -> bool:
-    """Where the attempt is (also a heartbeat); False if the attempt no longer owns the job."""
+    """Where the attempt is (also a heartbeat); False if the attempt no longer owns the job.
+    `progress_at` moves only when stage, fraction or detail changes: a loop that keeps reporting the
+    same place is as hung as one that reports nothing."""
     now = now or utcnow()
+    progress = max(0.0, min(1.0, progress))
+    moved = or_(Job.stage != stage, Job.progress != progress, Job.detail.is_distinct_from(detail))
     return _changed(
         session,
         update(Job)
         .where(attempt.owns())
         .values(
             stage=stage,
-            progress=max(0.0, min(1.0, progress)),
+            progress=progress,
             detail=detail,
-            progress_at=now,
+            progress_at=case((moved, now), else_=Job.progress_at),
             heartbeat_at=now,
         ),
     )
@@ -219,8 +227,10 @@ class OutputRefused(Exception):
 
 def lock_for_output(session: Session, attempt: Attempt) -> None:
     """Lock the job row for the caller's transaction if this attempt may still add outputs; raise
-    OutputRefused if not. A cancel request (an UPDATE of the same row) waits for the lock, so outputs
-    are stored either before it, and deleted by the cancel, or not at all."""
+    OutputRefused if not. On PostgreSQL a cancel request (an UPDATE of the same row) waits for the
+    lock, so outputs are stored either before it, and deleted by the cancel, or not at all. SQLite has
+    no row locks: there a cancel may land between this check and the insert, and the worker's next
+    safe point (every output is followed by one, the outcome included) cancels and deletes them."""
     row = session.execute(select(Job.cancel_requested).where(attempt.owns()).with_for_update()).first()
     if row is None:
         raise OutputRefused(superseded=True)
@@ -244,6 +254,17 @@ def discard_outputs(session: Session, job_id: str) -> list[str]:
     for table in OUTPUT_TABLES:
         session.execute(delete(table).where(table.job_id == job_id))
     return paths
+
+
+def state_of(session: Session, attempt: Attempt) -> tuple[JobStatus, bool] | None:
+    """(status, cancel_requested) of the job while it is on this attempt, or None: how a worker tells,
+    after a write whose commit it could not confirm, whether that write landed."""
+    row = session.execute(
+        select(Job.status, Job.cancel_requested).where(
+            Job.id == attempt.job_id, Job.attempts == attempt.number
+        )
+    ).first()
+    return None if row is None else (row[0], bool(row[1]))
 
 
 # ------------------------------------------------------------------------- running -> final (worker)
@@ -311,7 +332,8 @@ class Liveness:
         if self.silent_before is not None:
             tests.append(func.coalesce(Job.heartbeat_at, Job.started_at, Job.created_at) < self.silent_before)
         if self.hung_before is not None:
-            tests.append(func.coalesce(Job.progress_at, Job.started_at, Job.created_at) < self.hung_before)
+            # No progress_at: a worker from before it existed, which cannot be judged hung.
+            tests.append(Job.progress_at.is_not(None) & (Job.progress_at < self.hung_before))
         if not tests:
             return None
         return tests[0] if len(tests) == 1 else tests[0] | tests[1]
@@ -349,10 +371,19 @@ def dead_jobs(session: Session, liveness: Liveness) -> Sequence[DeadJob]:
     return [DeadJob(*row) for row in rows]
 
 
-def _still_dead(job: DeadJob, liveness: Liveness) -> ColumnElement[bool]:
+def _still_dead(job: DeadJob, liveness: Liveness, *, cancel_requested: bool) -> ColumnElement[bool]:
+    """The job is still running the attempt the reconciler read, still dead, and still (not) asked
+    to cancel: a cancel that lands between the read and the UPDATE turns a retry into a no-op, and
+    the next pass cancels the job instead."""
     dead = liveness.dead()
     assert dead is not None
-    return (Job.id == job.job_id) & (Job.status == JobStatus.running) & (Job.attempts == job.attempts) & dead
+    return (
+        (Job.id == job.job_id)
+        & (Job.status == JobStatus.running)
+        & (Job.attempts == job.attempts)
+        & (Job.cancel_requested.is_(cancel_requested))
+        & dead
+    )
 
 
 def retry(
@@ -364,7 +395,7 @@ def retry(
     return _changed(
         session,
         update(Job)
-        .where(_still_dead(job, liveness))
+        .where(_still_dead(job, liveness, cancel_requested=False))
         .values(
             status=JobStatus.queued,
             stage="queued",
@@ -384,7 +415,7 @@ def give_up(
     return _changed(
         session,
         update(Job)
-        .where(_still_dead(job, liveness))
+        .where(_still_dead(job, liveness, cancel_requested=False))
         .values(status=JobStatus.failed, stage="failed", finished_at=now or utcnow(), error=reason),
     )
 
@@ -397,7 +428,7 @@ def cancel_dead(
     if not _changed(
         session,
         update(Job)
-        .where(_still_dead(job, liveness))
+        .where(_still_dead(job, liveness, cancel_requested=True))
         .values(status=JobStatus.canceled, stage="canceled", finished_at=now or utcnow(), error=reason),
     ):
         return None

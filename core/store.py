@@ -8,6 +8,7 @@ both sides must live through it going away for a few seconds: `is_outage` tells 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,10 +38,20 @@ class StoreUnavailable(RuntimeError):
     """The store stayed unreachable for longer than the caller was willing to wait."""
 
 
+SQLITE_PASSING = ("database is locked", "unable to open database", "disk i/o error")
+"""The SQLite OperationalErrors that retrying can cure (others, e.g. "no such table", are bugs)."""
+
+
 def is_outage(error: BaseException) -> bool:
     """True for errors that mean "the store is not reachable right now" rather than a bad statement:
-    retrying later can succeed. (An integrity or data error is never an outage.)"""
-    if isinstance(error, StoreUnavailable | OperationalError | InterfaceError | PoolTimeoutError):
+    retrying later can succeed. (An integrity or data error is never an outage.) PostgreSQL's
+    OperationalErrors are connection trouble (refused, dropped, shut down, canceled); SQLite's are
+    only when the message says the file is busy or unavailable."""
+    if isinstance(error, StoreUnavailable | InterfaceError | PoolTimeoutError):
+        return True
+    if isinstance(error, OperationalError):
+        if isinstance(error.orig, sqlite3.Error):
+            return any(text in str(error.orig).lower() for text in SQLITE_PASSING)
         return True
     return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
 

@@ -64,7 +64,6 @@ class JobStatus(enum.StrEnum):
         return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.canceled)
 
 
-TERMINAL_STATUSES = tuple(status.value for status in JobStatus if status.terminal)
 # Stored as its value in a VARCHAR(16) (no database enum type, no CHECK): adding a state needs no
 # migration of the column, and the Python side still only ever sees a JobStatus.
 JOB_STATUS_TYPE = Enum(
@@ -112,7 +111,7 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
-    # Last change of stage/progress/detail: a job whose heartbeat goes on without it is hung.
+    # Last change of stage, fraction or detail: a job whose heartbeat goes on without one is hung.
     progress_at: Mapped[datetime | None] = mapped_column(default=None)
     stage: Mapped[str] = mapped_column(String(64), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)

@@ -14,23 +14,22 @@ once the store is back (`StoreUnavailable` reaches `workers.tasks`).
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy import Delete, delete
+from sqlalchemy import Delete, delete, select
 from sqlalchemy.orm import Session
 
 from core import lifecycle
+from core.artifacts import remove_job_files
 from core.settings import Settings
 from core.store import Store, is_outage
-from core.tables import Artifact, Fit, Job, ProbePoint, Result
+from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result
 
 log = structlog.get_logger(__name__)
 
@@ -227,6 +226,8 @@ class JobContext:
 
         def add(session: Session) -> None:
             lifecycle.lock_for_output(session, self._attempt)
+            if _already_stored(session, rows):
+                return  # an earlier try committed, but the connection died before it could say so
             if replacing is not None:
                 session.execute(replacing)
             session.add_all([_with_job(row, job_id) for row in rows])
@@ -241,15 +242,28 @@ class JobContext:
             raise JobStopped(f"canceled by request; its {what} are discarded") from refused
 
     # -- outcome ---------------------------------------------------------------------------
+    # An outcome write is retried through outages; when its commit landed but the connection died
+    # before it could say so, the retry finds the job already final, which `_landed` recognises.
+
     def succeed(self) -> None:
         """The job's outcome: succeeded, or canceled if a cancel arrived after the last safe point."""
         if self._must(lambda session: lifecycle.succeed(session, self._attempt), "recording success"):
             self.log.info("job finished", status="succeeded")
             return
-        self.cancel()  # succeed refuses only a job asked to cancel, or one this attempt lost
+        state = self._landed()
+        if state is not None and state[0] is JobStatus.succeeded:
+            self.log.info("job finished", status="succeeded")
+        elif state is not None and state[0] is JobStatus.running and state[1]:
+            self.cancel()  # succeed refuses a job asked to cancel: the cancel wins
+        else:
+            self.log.warning("job outcome not recorded: attempt superseded", status="succeeded")
 
     def fail(self, reason: str) -> None:
-        if self._must(lambda session: lifecycle.fail(session, self._attempt, reason), "recording failure"):
+        recorded = self._must(
+            lambda session: lifecycle.fail(session, self._attempt, reason), "recording failure"
+        )
+        state = None if recorded else self._landed()
+        if recorded or (state is not None and state[0] is JobStatus.failed):
             self.log.info("job finished", status="failed", error=reason)
         else:
             self.log.warning("job outcome not recorded: attempt superseded", status="failed")
@@ -257,22 +271,26 @@ class JobContext:
     def cancel(self) -> None:
         """Canceled at a safe point: nothing it stored stays, its artifact folders included."""
         paths = self._must(lambda session: lifecycle.cancel(session, self._attempt), "recording the cancel")
-        if paths is None:
+        state = None if paths is not None else self._landed()
+        if paths is None and (state is None or state[0] is not JobStatus.canceled):
             self.log.warning("job outcome not recorded: attempt superseded", status="canceled")
             return
-        remove_artifact_folders([*paths, str(self.settings.artifacts_dir / self.job_id)], self.settings)
-        self.log.info("job finished", status="canceled", removed_artifacts=len(paths))
+        remove_job_files(self.settings, self.job_id, paths or ())
+        self.log.info("job finished", status="canceled")
+
+    def _landed(self) -> tuple[JobStatus, bool] | None:
+        return self._must(lambda session: lifecycle.state_of(session, self._attempt), "reading the outcome")
+
+
+def _already_stored(session: Session, rows: Sequence[Any]) -> bool:
+    """Whether these rows (given ids by a flush whose commit went unconfirmed) are in the store."""
+    first = next((row for row in rows if getattr(row, "id", None) is not None), None)
+    if first is None:
+        return False
+    table = type(first)
+    return session.scalar(select(table.id).where(table.id == first.id)) is not None
 
 
 def _with_job(row: Any, job_id: str) -> Any:
     row.job_id = job_id
     return row
-
-
-def remove_artifact_folders(paths: Sequence[str], settings: Settings) -> None:
-    """Delete the folders a canceled job wrote, when they lie in this host's artifact directory."""
-    root = settings.artifacts_dir.resolve()
-    for path in paths:
-        folder = Path(path).resolve()
-        if folder.is_relative_to(root) and folder != root:
-            shutil.rmtree(folder, ignore_errors=True)

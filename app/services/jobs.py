@@ -20,6 +20,7 @@ from app.deps import Services
 from app.problems import ProblemError
 from app.queueing import QueueUnavailable
 from core import lifecycle
+from core.artifacts import remove_job_files
 from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.specs import JobCreate, ProbeJobCreate, PruneJobCreate, SweepJobCreate
@@ -203,7 +204,8 @@ def cancel_job(services: Services, job_id: str) -> tuple[Job, bool]:
     and whatever an earlier attempt stored is deleted. Running: asked to stop at its next safe point.
     404 for no such job, 409 when it had already finished."""
     with services.store.session() as session:
-        outcome = lifecycle.request_cancel(session, job_id)
+        request = lifecycle.request_cancel(session, job_id)
+    outcome = request.outcome
     if outcome is lifecycle.CancelOutcome.MISSING:
         raise ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
     with services.store.sessions() as session:
@@ -214,5 +216,6 @@ def cancel_job(services: Services, job_id: str) -> tuple[Job, bool]:
         )
     if outcome is lifecycle.CancelOutcome.CANCELED:
         services.queue.remove(job_id)
+        remove_job_files(services.settings, job_id, request.removed)  # what a dead attempt left
     log.info("job cancel", job_id=job_id, immediate=outcome is lifecycle.CancelOutcome.CANCELED)
     return job, outcome is lifecycle.CancelOutcome.CANCELED

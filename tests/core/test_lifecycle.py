@@ -91,9 +91,12 @@ def test_canceling_a_queued_job_deletes_what_an_earlier_attempt_stored(clean_sto
     add_outputs(clean_store, attempt)
     with clean_store.session() as session:  # its worker died; the reconciler queued it again
         session.execute(update(Job).where(Job.id == attempt.job_id).values(status=JobStatus.queued))
-        assert lifecycle.request_cancel(session, attempt.job_id) is lifecycle.CancelOutcome.CANCELED
-        assert lifecycle.request_cancel(session, attempt.job_id) is lifecycle.CancelOutcome.FINISHED
-        assert lifecycle.request_cancel(session, "nope") is lifecycle.CancelOutcome.MISSING
+        canceled = lifecycle.request_cancel(session, attempt.job_id)
+        assert canceled == lifecycle.CancelRequest(
+            lifecycle.CancelOutcome.CANCELED, ["/x"]
+        )  # files to remove
+        assert lifecycle.request_cancel(session, attempt.job_id).outcome is lifecycle.CancelOutcome.FINISHED
+        assert lifecycle.request_cancel(session, "nope").outcome is lifecycle.CancelOutcome.MISSING
         assert lifecycle.claim(session, attempt.job_id, "w:2") is None  # it never runs
     assert outputs(clean_store, attempt.job_id) == 0
 
@@ -102,7 +105,7 @@ def test_after_a_cancel_request_no_output_is_stored_and_success_is_refused(clean
     attempt = claimed(clean_store)
     add_outputs(clean_store, attempt)
     with clean_store.session() as session:
-        assert lifecycle.request_cancel(session, attempt.job_id) is lifecycle.CancelOutcome.REQUESTED
+        assert lifecycle.request_cancel(session, attempt.job_id).outcome is lifecycle.CancelOutcome.REQUESTED
         assert lifecycle.beat(session, attempt) is True  # the worker learns it at its next heartbeat
         with pytest.raises(lifecycle.OutputRefused) as refused:
             lifecycle.lock_for_output(session, attempt)
@@ -164,3 +167,54 @@ def test_a_job_that_beats_but_makes_no_progress_is_hung(clean_store: Store) -> N
         lifecycle.record_progress(session, attempt, stage="perplexity", progress=0.5, detail="window 3/9")
         assert lifecycle.dead_jobs(session, hung) == []
     assert lifecycle.Liveness(None, None).dead() is None  # both tests off: nobody is dead
+
+
+def test_a_cancel_between_the_reconcilers_read_and_its_update_wins_over_a_retry(clean_store: Store) -> None:
+    attempt = claimed(clean_store)
+    with clean_store.session() as session:
+        old = utcnow() - timedelta(seconds=120)
+        session.execute(update(Job).where(Job.id == attempt.job_id).values(heartbeat_at=old))
+        (dead,) = lifecycle.dead_jobs(session, liveness(60))
+        lifecycle.request_cancel(session, attempt.job_id)  # the user's DELETE lands in between
+        assert not lifecycle.retry(session, dead, liveness(60), "lost")
+        assert not lifecycle.give_up(session, dead, liveness(60), "lost")
+        (dead,) = lifecycle.dead_jobs(session, liveness(60))  # the next pass reads the flag
+        assert lifecycle.cancel_dead(session, dead, liveness(60), "canceled") == []
+    assert job(clean_store, attempt.job_id).status is JobStatus.canceled
+
+
+def test_progress_at_moves_only_when_the_reported_place_changes(clean_store: Store) -> None:
+    attempt = claimed(clean_store)
+    with clean_store.session() as session:
+        lifecycle.record_progress(session, attempt, stage="perplexity", progress=0.5, detail="window 3/9")
+    first = job(clean_store, attempt.job_id).progress_at
+    with clean_store.session() as session:  # the same place again: a heartbeat, not progress
+        lifecycle.record_progress(session, attempt, stage="perplexity", progress=0.5, detail="window 3/9")
+    again = job(clean_store, attempt.job_id)
+    assert again.progress_at == first and again.heartbeat_at is not None and again.heartbeat_at > first
+    with clean_store.session() as session:
+        lifecycle.record_progress(session, attempt, stage="perplexity", progress=0.55, detail="window 4/9")
+    moved = job(clean_store, attempt.job_id).progress_at
+    assert moved is not None and first is not None and moved > first
+
+
+def test_a_job_of_a_worker_that_never_reports_progress_at_is_not_judged_hung(clean_store: Store) -> None:
+    attempt = claimed(clean_store)
+    hung = lifecycle.Liveness(silent_before=None, hung_before=utcnow() + timedelta(seconds=60))
+    with clean_store.session() as session:
+        session.execute(update(Job).where(Job.id == attempt.job_id).values(progress_at=None))
+        assert lifecycle.dead_jobs(session, hung) == []  # an older worker, mid-upgrade
+
+
+def test_only_passing_sqlite_errors_count_as_outages() -> None:
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from core.store import is_outage
+
+    def sqlite_error(message: str) -> OperationalError:
+        return OperationalError("SELECT 1", {}, sqlite3.OperationalError(message))
+
+    assert is_outage(sqlite_error("database is locked"))
+    assert not is_outage(sqlite_error("no such table: jobs"))  # a bug, not an outage: never retried

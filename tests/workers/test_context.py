@@ -107,3 +107,44 @@ def _wait(predicate: Callable[[], bool], timeout: float = 10) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_an_output_write_whose_commit_landed_unconfirmed_is_not_stored_twice(
+    store: Store, worker_settings: Callable[..., Settings]
+) -> None:
+    context = JobContext.claim(store, worker_settings(), queued(store))
+    assert context is not None
+    row = Result(model_id="m", method="dense", metric="ppl", dataset="d", value=2.0)
+    context.add_results([row])
+    context.add_results([row])  # the retry of a write whose commit landed: a no-op, not a crash
+    with store.session() as session:
+        assert session.query(Result).count() == 1
+
+
+def test_the_embedded_worker_hands_the_queue_to_a_fresh_thread_when_its_job_hangs(
+    store: Store, worker_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.queueing import ThreadQueue
+
+    settings = worker_settings()
+    release = threading.Event()
+    hung, other = queued(store), queued(store)
+
+    def handler(context: JobContext) -> None:
+        if context.job_id == hung and context.attempt == 1:
+            release.wait(60)  # attempt 1 hangs; its retry runs normally
+
+    monkeypatch.setattr(tasks, "handler_for", lambda kind: handler)
+    queue = ThreadQueue(store, settings)
+    try:
+        queue.enqueue(hung)
+        queue.enqueue(other)
+        _wait(lambda: _status(store, hung) is JobStatus.running)
+        with store.session() as session:  # the reconciler retried the hung job
+            session.execute(update(Job).where(Job.id == hung).values(status=JobStatus.queued))
+        queue.enqueue(hung)
+        _wait(lambda: _status(store, hung) is JobStatus.succeeded, timeout=10 * settings.heartbeat_interval_s)
+        _wait(lambda: _status(store, other) is JobStatus.succeeded)  # the queue behind it moved on too
+    finally:
+        release.set()
+        queue.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 
+from core.artifacts import job_folder
 from core.specs.jobs import PruneJobCreate
 from workers.context import JobContext
 from workers.kinds.prune_steps import (
@@ -56,7 +57,7 @@ def run(context: JobContext) -> None:
         spec.sparsity,
         start=SPANS.calibration[1],
         end=measured_end,
-        artifact_folder=context.settings.artifacts_dir / context.job_id if spec.save_artifact else None,
+        artifact_folder=job_folder(context.settings, context.job_id) if spec.save_artifact else None,
     )
     scored = score_pruned_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}

@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from core.artifacts import job_folder
 from core.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from core.specs.jobs import SweepJobCreate
 from core.tables import Fit, Result
@@ -99,7 +100,7 @@ def run(context: JobContext) -> None:
             start=start,
             end=measured_end,
             artifact_folder=(
-                context.settings.artifacts_dir / context.job_id / f"s{sparsity}"  # repr: unique
+                job_folder(context.settings, context.job_id) / f"s{sparsity}"  # repr: unique
                 if spec.save_artifacts
                 else None
             ),
