@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as StarletteRequest
@@ -103,7 +103,8 @@ def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
-STORE_ERRORS = (StoreUnavailable, OperationalError, InterfaceError, PoolTimeoutError, DBAPIError)
+STORE_ERRORS = (StoreUnavailable, PoolTimeoutError, DBAPIError)
+"""Handled by `_store`: DBAPIError covers the driver's Operational and Interface errors."""
 
 
 def install_problem_handlers(app: FastAPI, retry_after_s: int) -> None:

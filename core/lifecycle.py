@@ -110,8 +110,7 @@ def claim(session: Session, job_id: str, worker: str, now: datetime | None = Non
     """queued -> running for `worker`: the next attempt, or None if the job is not queued (taken by
     another worker, canceled, finished, or a stale delivery)."""
     now = now or utcnow()
-    claimed = _changed(
-        session,
+    row = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued)
         .values(
@@ -124,13 +123,10 @@ def claim(session: Session, job_id: str, worker: str, now: datetime | None = Non
             progress=0.0,
             detail=None,
             worker=worker,
-        ),
-    )
-    if not claimed:
-        return None
-    attempts = session.scalar(select(Job.attempts).where(Job.id == job_id))
-    assert attempts is not None
-    return Attempt(job_id, attempts)
+        )
+        .returning(Job.attempts)
+    ).first()
+    return None if row is None else Attempt(job_id, int(row[0]))
 
 
 class CancelOutcome(enum.Enum):

@@ -41,8 +41,11 @@ def run_job(job_id: str) -> None:
             log.error("superseded job did not stop; ending the work horse", job_id=job_id)
             os._exit(SUPERSEDED_EXIT_CODE)
 
+    def watch() -> None:  # in a thread of its own: the heartbeat thread must end with the job
+        threading.Thread(target=end_horse_if_stuck, name=f"watchdog-{job_id}", daemon=True).start()
+
     try:
-        execute_job(store, settings, job_id, on_superseded=end_horse_if_stuck)
+        execute_job(store, settings, job_id, on_superseded=watch)
     finally:
         finished.set()
         store.dispose()

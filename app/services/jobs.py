@@ -21,15 +21,13 @@ from app.problems import ProblemError
 from app.queueing import QueueUnavailable
 from core import lifecycle
 from core.artifacts import remove_job_files
-from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT
+from core.methods import METHODS
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.specs import JobCreate, ProbeJobCreate, PruneJobCreate, SweepJobCreate
 from core.store import is_outage
 from core.tables import Artifact, Job, JobStatus
 
 log = structlog.get_logger(__name__)
-
-ARTIFACT_KINDS = (SLICED_ARTIFACT, PRUNED_ARTIFACT)
 
 
 def get_job(session: Session, job_id: str) -> Job:
@@ -185,11 +183,7 @@ def check_artifact_job(session: Session, artifact_job_id: str, model_id: str) ->
             status_value=source_job.status.value,
             **common,
         )
-    has_artifact = session.scalar(
-        select(Artifact.id)
-        .where(Artifact.job_id == artifact_job_id, Artifact.kind.in_(ARTIFACT_KINDS))
-        .limit(1)
-    )
+    has_artifact = session.scalar(select(Artifact.id).where(Artifact.job_id == artifact_job_id).limit(1))
     if has_artifact is None:
         raise ProblemError(
             409,

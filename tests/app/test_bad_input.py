@@ -157,7 +157,7 @@ def test_the_spec_documents_every_error_as_problem_json(guarded: TestClient) -> 
                     assert list(response["content"]) == ["application/problem+json"], (method, path, status)
 
 
-def test_a_queued_job_with_a_long_model_path_and_unicode_is_stored_and_listed(
+def test_a_filter_with_storable_non_ascii_text_is_an_ordinary_query(
     guarded: TestClient, tiny_model_dir: Path
 ) -> None:
     job = guarded.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir)), headers=AUTH).json()
