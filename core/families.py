@@ -50,6 +50,23 @@ _KNOWN_REFUSALS: dict[str, str] = {
 }
 
 
+SLICED_MODEL_TYPE = "prunecast_sliced"
+"""config.json model_type of prunecast's per-layer sliced folders: their `auto_map` names the portable
+code they carry for other programs; prunecast itself reads them with its own loader, never that code."""
+
+
+# Families whose sliced model can be the stock architecture at hidden_size d (one shared basis): their
+# norms are RMSNorms, which a rotation of the whole stream commutes with, and their blocks sequential.
+_STOCK_LAYOUT_FAMILIES = frozenset({"llama", "phi3"})
+_STOCK_LAYOUT_REASON = (
+    "the stock layout keeps the family's own norms at width d, and its norms are LayerNorms: a "
+    "LayerNorm subtracts the mean of its input's coordinates, which in the rotated and sliced basis is "
+    "a different operation (the engine removes the mean from the stream and replaces the norms "
+    "instead, which stock transformers cannot express); use layout 'per-layer'. The stock layout "
+    "exists for RMSNorm families: "
+)
+
+
 # Families whose HF forward reshapes the final stream to the embedding width (GPT-2's
 # `hidden_states.view(output_shape)` after ln_f), so the LM head must be sliced along with it.
 _HEAD_SLICED_BY_DEFAULT = frozenset({"gpt2"})
@@ -131,6 +148,17 @@ def known_refusal(config: Mapping[str, Any]) -> str | None:
     if isinstance(model_type, str) and model_type in _KNOWN_REFUSALS:
         return unsupported_message(config, _KNOWN_REFUSALS[model_type])
     return None
+
+
+def stock_layout_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why a sliceable model with this config cannot be sliced into the stock layout, or None."""
+    family = family_from_config(config)
+    if family is None or family in _STOCK_LAYOUT_FAMILIES:
+        return None  # unknown families are refused by `refusal_reason` already
+    supported = ", ".join(f.name for f in FAMILIES if f.name in _STOCK_LAYOUT_FAMILIES)
+    return unsupported_message(config, _STOCK_LAYOUT_REASON + supported).replace(
+        "which SliceGPT cannot slice", "which SliceGPT cannot slice into the stock layout", 1
+    )
 
 
 def family_config_refusal(family: str, config: Mapping[str, Any]) -> str | None:

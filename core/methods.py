@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from core.families import refusal_reason
+from core.families import refusal_reason, stock_layout_refusal
 from core.param_count import sliced_width
 
 DENSE: Final = "dense"
@@ -27,9 +27,16 @@ NM_SPARSITY = 0.5
 """The only sparsity an N:M pattern gives: N of every M consecutive weights are zeroed."""
 
 SLICED_ARTIFACT = "sliced-model"
-"""A SliceGPT model: loaded with `workers.slicing.artifacts.load_sliced`."""
+"""A SliceGPT model: `workers.slicing.artifacts.load_sliced` reads both layouts; outside prunecast a
+stock-layout folder loads with `from_pretrained`, a per-layer one with `trust_remote_code=True`."""
 PRUNED_ARTIFACT = "pruned-model"
 """A stock transformers checkpoint plus prunecast_pruning.json: `from_pretrained` loads it."""
+
+PER_LAYER_LAYOUT: Final = "per-layer"
+"""SliceGPT as published: one basis per residual signal, joined by skip matrices (prunecast's own format)."""
+STOCK_LAYOUT: Final = "stock"
+"""One basis shared by every residual signal: the sliced model is the stock architecture at hidden_size d."""
+SLICED_LAYOUTS: tuple[str, ...] = (PER_LAYER_LAYOUT, STOCK_LAYOUT)
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -66,6 +73,11 @@ class Method:
         return (UNSTRUCTURED, *NM_PATTERNS) if self.kind is MethodKind.intra_layer else (UNSTRUCTURED,)
 
     @property
+    def layouts(self) -> tuple[str, ...]:
+        """Layouts a request may ask for: only slicing changes the architecture, the others have none."""
+        return SLICED_LAYOUTS if self.kind is MethodKind.slicing else ()
+
+    @property
     def stage(self) -> str:
         """The job stage its work is reported under."""
         return "slicing" if self.kind is MethodKind.slicing else "pruning"
@@ -79,15 +91,22 @@ class Method:
         """Sweeps fit the slicing laws, so only slicing methods sweep."""
         return self.kind is MethodKind.slicing
 
-    def stored_name(self, pattern: str = UNSTRUCTURED) -> str:
-        """The method name results are stored under: an N:M pattern is part of it ("wanda-2:4"), so
-        curves, predictions and exports never mix patterns of one method."""
-        return self.name if pattern == UNSTRUCTURED else f"{self.name}-{pattern}"
+    def stored_name(self, pattern: str = UNSTRUCTURED, layout: str | None = None) -> str:
+        """The method name results are stored under: an N:M pattern or the stock layout is part of it
+        ("wanda-2:4", "slicegpt-stock"), so curves, fits, predictions and exports never mix them."""
+        name = self.name if pattern == UNSTRUCTURED else f"{self.name}-{pattern}"
+        return f"{name}-{STOCK_LAYOUT}" if layout == STOCK_LAYOUT else name
 
     def stored_names(self) -> tuple[str, ...]:
-        return tuple(self.stored_name(pattern) for pattern in self.patterns)
+        return tuple(
+            self.stored_name(pattern, layout)
+            for pattern in self.patterns
+            for layout in self.layouts or (None,)
+        )
 
-    def check(self, sparsity: float, pattern: str, slice_head: bool | None = None) -> None:
+    def check(
+        self, sparsity: float, pattern: str, slice_head: bool | None = None, layout: str | None = None
+    ) -> None:
         """The request rules every job kind that carries this method follows (ValueError: why not)."""
         if pattern not in self.patterns:
             takers = ", ".join(m.name for m in METHODS.values() if pattern in m.patterns)
@@ -104,14 +123,28 @@ class Method:
             )
         if slice_head is not None and self.kind is not MethodKind.slicing:
             raise ValueError(f"slice_head is a slicegpt option; leave it null for method {self.name!r}")
+        if layout is not None and layout not in self.layouts:
+            raise ValueError(
+                f"layout {layout!r} is a slicegpt option (the other methods keep the stock architecture); "
+                f"leave it null for method {self.name!r}"
+            )
+        if layout == STOCK_LAYOUT and slice_head is False:
+            raise ValueError(
+                "the stock layout has hidden_size d everywhere, the LM head's input included; leave "
+                "slice_head null or true with layout 'stock'"
+            )
 
     def refusal(
-        self, config: Mapping[str, Any], sparsities: Sequence[float], round_to: int
+        self,
+        config: Mapping[str, Any],
+        sparsities: Sequence[float],
+        round_to: int,
+        layout: str | None = None,
     ) -> Refusal | None:
-        """Why the model with this config cannot be pruned at these sparsities, from the config alone
-        (the API refuses at submit what the worker would refuse after loading), or None."""
+        """Why the model with this config cannot be pruned at these sparsities (in this layout), from
+        the config alone (the API refuses at submit what the worker would refuse after loading), or None."""
         if self.kind is MethodKind.slicing:
-            return _slicing_refusal(config, sparsities, round_to)
+            return _slicing_refusal(config, sparsities, round_to, layout)
         reason = causal_lm_refusal(config)
         if reason is not None:
             return Refusal(reason, "unsupported-architecture", "Model cannot be pruned with this method")
@@ -200,9 +233,9 @@ def methods_of(kind: MethodKind) -> tuple[str, ...]:
     return tuple(name for name, entry in METHODS.items() if entry.kind is kind)
 
 
-def result_method(name: str, pattern: str = UNSTRUCTURED) -> str:
-    """The stored method name of `name` with `pattern` (see `Method.stored_name`)."""
-    return method(name).stored_name(pattern)
+def result_method(name: str, pattern: str = UNSTRUCTURED, layout: str | None = None) -> str:
+    """The stored method name of `name` with `pattern` and `layout` (see `Method.stored_name`)."""
+    return method(name).stored_name(pattern, layout)
 
 
 def layers_dropped(sparsity: float, num_layers: int) -> int:
@@ -235,8 +268,12 @@ def causal_lm_refusal(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _slicing_refusal(config: Mapping[str, Any], sparsities: Sequence[float], round_to: int) -> Refusal | None:
+def _slicing_refusal(
+    config: Mapping[str, Any], sparsities: Sequence[float], round_to: int, layout: str | None
+) -> Refusal | None:
     reason = refusal_reason(config)
+    if reason is None and layout == STOCK_LAYOUT:
+        reason = stock_layout_refusal(config)
     if reason is not None:
         return Refusal(reason, "unsupported-architecture", "Model cannot be pruned with this method")
     hidden_size = config.get("hidden_size", config.get("n_embd"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from core.families import SLICED_MODEL_TYPE
 from core.settings import Settings
 
 
@@ -135,7 +136,7 @@ def _read_config(folder: Path, name: str) -> dict[str, Any]:
         raise ModelSourceError(f"model {name!r}: config.json is unreadable ({error})") from error
     if not isinstance(config, dict):
         raise ModelSourceError(f"model {name!r}: config.json is not a JSON object")
-    if config.get("auto_map"):
+    if config.get("auto_map") and config.get("model_type") != SLICED_MODEL_TYPE:
         raise ModelSourceError(
             f"model {name!r} needs custom code from its repository (auto_map); prunecast never "
             "enables trust_remote_code"

@@ -16,6 +16,10 @@ Sliced layout (D = hidden size, d = kept width, L = blocks, V = vocabulary):
 - the LM head is untied from the embeddings (V x D more parameters for tied models) and keeps its
   D input columns unless the head is sliced too; then the last block's MLP writes D rows and its
   MLP skip matrix is d x D. GPT-2 always slices its head (see `families.head_sliced_by_default`).
+
+Stock layout (one basis for every signal, RMSNorm families): the sliced model is the dense
+architecture with hidden_size d (`stock_config`), head untied, so its count is the dense formula
+applied to that config.
 """
 
 from __future__ import annotations
@@ -236,6 +240,27 @@ def predict_dense_param_count(config: Mapping[str, Any]) -> int:
     )
     head = (0 if s.tied else s.vocab * width) + s.head_bias * s.vocab
     return (s.vocab + s.positions) * width + s.layers * per_block + s.norm_params + head
+
+
+def stock_config(config: Mapping[str, Any], width: int) -> dict[str, Any]:
+    """The HF config of the stock-layout model sliced to `width`: hidden_size d, head_dim stated
+    (the attention keeps its heads, so it no longer equals hidden_size / heads), head untied (the
+    final norm's scale is folded into the head, which the embedding cannot share), every RMSNorm's
+    epsilon scaled by D / d (a norm over d coordinates then divides by the RMS over the original
+    D; docs/science.md, stock layout)."""
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    sliced = dict(config)
+    sliced["head_dim"] = int(config.get("head_dim") or hidden // heads)
+    sliced["hidden_size"] = width
+    sliced["tie_word_embeddings"] = False
+    sliced["rms_norm_eps"] = float(config["rms_norm_eps"]) * hidden / width
+    return sliced
+
+
+def predict_stock_param_count(config: Mapping[str, Any], width: int) -> int:
+    """Parameters of the stock-layout model sliced to `width` (d)."""
+    return predict_dense_param_count(stock_config(config, width))
 
 
 def predict_sliced_param_count(

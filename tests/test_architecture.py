@@ -123,3 +123,30 @@ def test_the_service_side_loads_no_torch_or_transformers() -> None:
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "", f"the service side imported {done.stdout.strip()}"
+
+
+PORTABLE = REPO_ROOT / "workers" / "slicing" / "portable"
+PORTABLE_THIRD_PARTY = {"torch", "transformers", "safetensors"}
+
+
+def test_the_portable_code_exported_checkpoints_carry_needs_only_torch_and_transformers() -> None:
+    from core.families import SLICED_MODEL_TYPE
+    from workers.slicing.portable.modeling_prunecast_sliced import MODEL_TYPE, PORTABLE_FILES
+
+    assert MODEL_TYPE == SLICED_MODEL_TYPE  # spelled twice: the portable code cannot import core
+
+    assert {path.name for path in PORTABLE.glob("*.py")} == {*PORTABLE_FILES, "__init__.py"}
+    outside = []
+    for name in PORTABLE_FILES:
+        tree = ast.parse((PORTABLE / name).read_text())
+        for node in ast.walk(tree):
+            sibling = (
+                isinstance(node, ast.ImportFrom) and node.level == 1 and f"{node.module}.py" in PORTABLE_FILES
+            )
+            if isinstance(node, ast.ImportFrom) and node.level > 0 and not sibling:
+                outside.append(f"{name}:{node.lineno} relative import of {node.module!r}")
+        for line, module in imported_modules(tree):
+            top = module.split(".")[0]
+            if top not in PORTABLE_THIRD_PARTY and top not in sys.stdlib_module_names:
+                outside.append(f"{name}:{line} imports {module}")
+    assert outside == []

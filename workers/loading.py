@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -32,6 +32,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from core.model_sources import ModelSource
 from core.settings import Settings
+from workers.slicing.artifacts import is_per_layer_sliced, load_sliced
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -208,6 +209,15 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
 
 
 def _load_causal_lm(folder: Path, model_id: str, dtype: torch.dtype) -> PreTrainedModel:
+    if is_per_layer_sliced(folder):  # prunecast's own format: its loader, never remote code
+        try:
+            sliced: Any = load_sliced(folder)
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
+            raise ModelLoadError(
+                f"model {model_id!r}: cannot load the sliced model in {folder} ({error})"
+            ) from error
+        sliced.to(dtype)
+        return cast(PreTrainedModel, sliced)
     _check_model_type(folder, model_id)
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)

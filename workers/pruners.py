@@ -16,11 +16,12 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT, Method, MethodKind
+from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT, STOCK_LAYOUT, Method, MethodKind
 from workers.pruning import PruningReport, PruningStopped, load_pruned, prune_model, save_pruned
 from workers.slicing.adapters import detect_family, match_structure
-from workers.slicing.artifacts import WEIGHTS_FILE, load_sliced, read_slicing_config, save_sliced
+from workers.slicing.artifacts import WEIGHTS_FILE, load_bases, load_sliced, read_slicing_config, save_sliced
 from workers.slicing.engine import SlicingReport, SlicingStopped, slice_model
+from workers.slicing.stock import slice_model_stock
 
 Report = SlicingReport | PruningReport
 ProgressCallback = Callable[[int, int], None]  # (blocks done, blocks)
@@ -35,6 +36,8 @@ class PruneOptions:
     round_to: int = 8
     slice_head: bool | None = None
     batch_size: int = 8
+    layout: str | None = None  # slicing: core.methods layouts; None is the per-layer default
+    keep_bases: bool = True  # slicing: keep (and save) the kept directions of every signal
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Reloaded:
     model: PreTrainedModel
     report: dict[str, Any]  # the slicing or pruning report the artifact carries
     layer_map: list[int | None]  # dense block i -> its index in the model; None: removed
+    bases: list[torch.Tensor] | None = None  # sliced models: SlicingReport.bases, where the folder kept them
 
 
 class Pruner(Protocol):
@@ -106,17 +110,23 @@ class SlicingPruner:
     def prune(self, model: PreTrainedModel, method: Method, sparsity: float, run: PruneRun) -> Report:
         if run.calibration_ids is None:
             raise ValueError("slicing needs calibration windows")
+        common: dict[str, Any] = {
+            "round_to": run.options.round_to,
+            "batch_size": run.options.batch_size,
+            "device": run.device,
+            "keep_bases": run.options.keep_bases,
+            "progress": run.progress,
+            "should_stop": run.should_stop,
+        }
+        if run.options.layout == STOCK_LAYOUT:
+            return slice_model_stock(model, run.calibration_ids, run.attention_mask, sparsity, **common)
         return slice_model(
             model,
             run.calibration_ids,
             run.attention_mask,
             sparsity,
-            round_to=run.options.round_to,
-            batch_size=run.options.batch_size,
-            device=run.device,
             slice_head=run.options.slice_head,
-            progress=run.progress,
-            should_stop=run.should_stop,
+            **common,
         )
 
     def describe(self, report: Report) -> dict[str, Any]:
@@ -131,12 +141,14 @@ class SlicingPruner:
             "width": report.width,
             "round_to": report.round_to,
             "slice_head": report.slice_head,
+            "layout": report.layout,
+            "pooling": report.pooling,
             "dtype": report.dtype,
         }
 
     def shape(self, report: Report) -> dict[str, Any]:
         assert isinstance(report, SlicingReport)
-        return {"width": report.width}
+        return {"width": report.width, "layout": report.layout}
 
     def layer_map(self, report: Report, num_layers: int) -> list[int | None]:
         return list(range(num_layers))  # every block stays, narrower
@@ -155,11 +167,12 @@ class SlicingPruner:
         save_sliced(
             model, report, folder, source_model_id=model_id, revision=revision, calibration=calibration
         )
-        return folder / WEIGHTS_FILE
+        return folder / str(read_slicing_config(folder)["weights_file"])
 
     def load(self, folder: Path, device: torch.device) -> Reloaded:
         model = load_sliced(folder, device=device)
-        return Reloaded(model, read_slicing_config(folder), list(range(block_count(model))))
+        layer_map: list[int | None] = list(range(block_count(model)))
+        return Reloaded(model, read_slicing_config(folder), layer_map, bases=load_bases(folder))
 
 
 class WeightPruner:

@@ -116,21 +116,23 @@ def check_submission(services: Services, job: JobCreate, source: ModelSource) ->
     config is at hand), and a probe's artifact job that has no artifact to probe."""
     if isinstance(job, PruneJobCreate | SweepJobCreate):
         sparsities = [job.sparsity] if isinstance(job, PruneJobCreate) else job.sparsities
-        check_prunable(source, job.method, sparsities, job.round_to)
+        check_prunable(source, job.method, sparsities, job.round_to, job.layout)
     elif isinstance(job, ProbeJobCreate):
         if job.method is not None and job.sparsity is not None:
-            check_prunable(source, job.method, [job.sparsity], job.round_to)
+            check_prunable(source, job.method, [job.sparsity], job.round_to, job.layout)
         if job.artifact_job_id is not None:
             with services.store.sessions() as session:
                 check_artifact_job(session, job.artifact_job_id, source.model_id)
 
 
-def check_prunable(source: ModelSource, method: str, sparsities: Sequence[float], round_to: int) -> None:
-    """The method's refusal of this model, from its config, as a 422. Packaged models carry no
-    config.json here (they are GGUF); they are known to be prunable."""
+def check_prunable(
+    source: ModelSource, method: str, sparsities: Sequence[float], round_to: int, layout: str | None = None
+) -> None:
+    """The method's refusal of this model (in this layout), from its config, as a 422. Packaged
+    models carry no config.json here (they are GGUF); they are known to be prunable."""
     if source.config is None:
         return
-    refusal = METHODS[method].refusal(source.config, sparsities, round_to)
+    refusal = METHODS[method].refusal(source.config, sparsities, round_to, layout)
     if refusal is not None:
         raise ProblemError(422, refusal.reason, slug=refusal.slug, title=refusal.title)
 

@@ -37,7 +37,9 @@ def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
     method = (
         DENSE
         if job.kind == "evaluate"
-        else result_method(str(request.get("method")), str(request.get("pattern", UNSTRUCTURED)))
+        else result_method(
+            str(request.get("method")), str(request.get("pattern", UNSTRUCTURED)), request.get("layout")
+        )
     )
     sparsity = 0.0 if job.kind == "evaluate" else request.get("sparsity")
     accuracy = request.get("accuracy") or {}

@@ -11,16 +11,19 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.methods import METHODS
+from core.methods import METHODS, UNSTRUCTURED
 from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, PerplexitySpec
 from core.specs.probe import ProbeJobCreate
 from core.specs.pruning import (
+    KEEP_BASES_DESCRIPTION,
+    LAYOUT_DESCRIPTION,
     METHOD_DESCRIPTION,
     PATTERN_DESCRIPTION,
     ROUND_TO_DESCRIPTION,
     SLICE_HEAD_DESCRIPTION,
     SPARSITY_DESCRIPTION,
     PruneMethod,
+    SlicedLayout,
     SparsityPattern,
 )
 
@@ -70,10 +73,12 @@ class PruneJobCreate(ModelSpec):
         True, description="Save the pruned model under the artifact directory (see `/artifacts`)."
     )
     slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
+    layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
+    keep_bases: bool = Field(True, description=KEEP_BASES_DESCRIPTION)
 
     @model_validator(mode="after")
     def _consistent_pruning(self) -> PruneJobCreate:
-        METHODS[self.method].check(self.sparsity, self.pattern, self.slice_head)
+        METHODS[self.method].check(self.sparsity, self.pattern, self.slice_head, self.layout)
         return self
 
 
@@ -130,6 +135,8 @@ class SweepJobCreate(ModelSpec):
         description="Also slice the LM head's input. null: the family's default (no, except GPT-2, "
         "whose forward needs it).",
     )
+    layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
+    keep_bases: bool = Field(True, description=KEEP_BASES_DESCRIPTION)
 
     @field_validator("sparsities")
     @classmethod
@@ -143,6 +150,11 @@ class SweepJobCreate(ModelSpec):
         if distinct[-1] == 0.0:
             raise ValueError("a sweep needs at least one sparsity above 0 (0 is the dense baseline)")
         return distinct
+
+    @model_validator(mode="after")
+    def _consistent_slicing(self) -> SweepJobCreate:
+        METHODS[self.method].check(max(self.sparsities), UNSTRUCTURED, self.slice_head, self.layout)
+        return self
 
     @property
     def pruned_sparsities(self) -> list[float]:

@@ -9,11 +9,13 @@ from pydantic import Field, field_validator, model_validator
 from core.methods import METHODS
 from core.specs.common import CalibrationSpec, ModelSpec, StrictModel
 from core.specs.pruning import (
+    LAYOUT_DESCRIPTION,
     METHOD_DESCRIPTION,
     PATTERN_DESCRIPTION,
     ROUND_TO_DESCRIPTION,
     SPARSITY_DESCRIPTION,
     PruneMethod,
+    SlicedLayout,
     SparsityPattern,
 )
 
@@ -106,6 +108,7 @@ class ProbeJobCreate(ModelSpec):
         default_factory=CalibrationSpec, description="Calibration text of the pruning (with `method`)."
     )
     round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
+    layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
     artifact_job_id: str | None = Field(
         None,
         pattern=r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$",
@@ -156,7 +159,7 @@ class ProbeJobCreate(ModelSpec):
         if self.method is not None:
             if self.sparsity is None:
                 raise ValueError(f"`sparsity` is required with `method` ({self.method!r})")
-            METHODS[self.method].check(self.sparsity, self.pattern)
+            METHODS[self.method].check(self.sparsity, self.pattern, layout=self.layout)
         else:
             # Compared with the defaults, not with the fields set: the stored request (model_dump, which
             # the worker validates again) carries every field.
@@ -165,6 +168,7 @@ class ProbeJobCreate(ModelSpec):
                 "pattern": "unstructured",
                 "calibration": CalibrationSpec(),
                 "round_to": 8,
+                "layout": None,
             }
             pruning_fields = [name for name, default in defaults.items() if getattr(self, name) != default]
             if pruning_fields:

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from core.methods import METHODS, NM_PATTERNS, STORED_METHOD_NAMES, UNSTRUCTURED, MethodKind, methods_of
+from core.methods import (
+    METHODS,
+    NM_PATTERNS,
+    SLICED_LAYOUTS,
+    STORED_METHOD_NAMES,
+    UNSTRUCTURED,
+    MethodKind,
+    methods_of,
+)
 
 PruneMethod = Literal["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
 StoredMethod = Literal[
     PruneMethod,
+    "slicegpt-stock",
     "magnitude-2:4",
     "magnitude-4:8",
     "wanda-2:4",
@@ -20,13 +29,16 @@ StoredMethod = Literal[
     "sparsegpt-2:4",
     "sparsegpt-4:8",
 ]
-"""The method names results are stored under: an N:M pattern is part of the name."""
+"""The method names results are stored under: an N:M pattern or the stock layout is part of the name."""
 SparsityPattern = Literal["unstructured", "2:4", "4:8"]
+SlicedLayout = Literal["per-layer", "stock"]
 
 if set(get_args(PruneMethod)) != set(METHODS):
     raise AssertionError("PruneMethod must list exactly core.methods.METHODS")
 if set(get_args(SparsityPattern)) != {UNSTRUCTURED, *NM_PATTERNS}:
     raise AssertionError("SparsityPattern must list exactly the patterns of core.methods")
+if set(get_args(SlicedLayout)) != set(SLICED_LAYOUTS):
+    raise AssertionError("SlicedLayout must list exactly core.methods.SLICED_LAYOUTS")
 _stored = {name for arg in get_args(StoredMethod) for name in (get_args(arg) or (arg,))}
 if _stored != set(STORED_METHOD_NAMES):
     raise AssertionError("StoredMethod must list exactly core.methods.STORED_METHOD_NAMES")
@@ -55,4 +67,18 @@ ROUND_TO_DESCRIPTION = (
 SLICE_HEAD_DESCRIPTION = (
     "`slicegpt` only (refused for the other methods): also slice the LM head's input. null: the "
     "family's default (no, except GPT-2, whose forward needs it)."
+)
+LAYOUT_DESCRIPTION = (
+    "`slicegpt` only (refused for the other methods, whose models keep the stock architecture). "
+    "`per-layer` (null means this): SliceGPT as published, one basis per residual signal joined by skip "
+    "matrices; best perplexity, saved in prunecast's own format. `stock`: one basis shared by every "
+    "signal, so the sliced model is the stock transformers architecture with hidden_size d and its "
+    "artifact loads with plain `AutoModelForCausalLM.from_pretrained`; RMSNorm families only (Llama, "
+    "Mistral, Qwen2/3, Phi-3, SmolLM); results are stored under method `slicegpt-stock`."
+)
+KEEP_BASES_DESCRIPTION = (
+    "`slicegpt` only (ignored by the other methods): save, next to the sliced model, the kept directions "
+    "of every block-boundary signal (`bases.safetensors`: L + 1 matrices of D x d for `per-layer`, one "
+    "for `stock`; float32, about 5 % of SmolLM2's per-layer artifact), so that probes of the artifact "
+    "compare its blocks with the dense ones. Probes that prune in the job always keep them."
 )

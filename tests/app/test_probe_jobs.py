@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.app.test_prune_jobs import job_results, prune_body, wait_done
@@ -114,18 +115,23 @@ def test_probe_job_reads_a_shortgpt_artifact_and_measures_the_removed_block_as_i
     assert "generation" in cost["protocol"]["skipped"]
 
 
-def test_probe_of_a_sliced_model_skips_the_per_layer_counterfactual_with_the_reason(
-    api: TestClient, start_worker: Any, tiny_model_dir: Path
+@pytest.mark.parametrize(("layout", "stored"), [(None, "slicegpt"), ("stock", "slicegpt-stock")])
+def test_probe_of_a_sliced_model_compares_whole_blocks_through_its_bases(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path, layout: str | None, stored: str
 ) -> None:
     worker = start_worker()
-    job = api.post(
-        "/v1/jobs", json=probe_body(str(tiny_model_dir), method="slicegpt", sparsity=0.25, generation=None)
-    ).json()
+    body = probe_body(str(tiny_model_dir), method="slicegpt", sparsity=0.25, generation=None, layout=layout)
+    job = api.post("/v1/jobs", json=body).json()
     wait_done(api, job["id"], worker)
-    assert not all_points(api, job["id"], probe="counterfactual")
+    counterfactual = all_points(api, job["id"], probe="counterfactual")
+    assert {p["sublayer"] for p in counterfactual} == {"block"}
+    assert {p["layer"] for p in counterfactual} == {0, 1}
+    assert {p["space"] for p in counterfactual} == {"embedding", "logits", "probs"}
+    assert all(p["value"] > 0 for p in counterfactual if p["metric"] == "kl")
     assert {p["space"] for p in all_points(api, job["id"], probe="model")} >= {"logits", "probs"}
     [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
-    assert "width" in cost["protocol"]["skipped"]["counterfactual"]
+    assert cost["method"] == stored
+    assert "whole" in cost["protocol"]["skipped"]["counterfactual sublayers"]
 
 
 def test_options_that_share_their_first_token_fail_the_probe_before_any_pruning(

@@ -83,10 +83,11 @@ def test_magnitude_job_needs_no_calibration_data(
 
 
 def test_every_stored_method_name_can_be_asked_for_in_curves_and_predictions() -> None:
-    stored = {entry.stored_name(pattern) for entry in METHODS.values() for pattern in entry.patterns}
+    stored = {name for entry in METHODS.values() for name in entry.stored_names()}
     assert stored == set(get_args(StoredMethod))
-    assert {"wanda-2:4", "sparsegpt-4:8", "magnitude", "shortgpt"} <= stored
-    assert not any(name.startswith(("shortgpt-", "slicegpt-")) for name in stored)  # no N:M for those
+    assert {"wanda-2:4", "sparsegpt-4:8", "magnitude", "shortgpt", "slicegpt-stock"} <= stored
+    assert not any(name.startswith("shortgpt-") for name in stored)  # no N:M or layout for drops
+    assert {name for name in stored if name.startswith("slicegpt")} == {"slicegpt", "slicegpt-stock"}
 
 
 def test_lm_eval_export_of_a_2_4_prune_job_finds_its_rows_under_the_stored_method_name() -> None:

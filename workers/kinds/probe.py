@@ -49,6 +49,7 @@ from workers.kinds.steps import load_for_job, step_reporter
 from workers.loading import LoadedModel, ModelLoadError, load_copy
 from workers.probing import (
     BUILTIN_PROMPTS,
+    SLICED_SUBLAYERS_REASON,
     ProbePrompt,
     ProbeRecord,
     ProbeStopped,
@@ -79,6 +80,7 @@ class PrunedModel:
     report: dict[str, Any]  # the slicing or pruning report
     origin: dict[str, Any]  # {"pruned_in_job": True} or the artifact job, kind and path
     timings: dict[str, float] = field(default_factory=dict)
+    bases: list[torch.Tensor] | None = None  # sliced models: the kept directions per signal
 
 
 @dataclass
@@ -137,14 +139,16 @@ def probe_models(probed: ProbeRun) -> None:
 
 
 def probe_counterfactual(probed: ProbeRun) -> None:
-    """Per layer and sublayer, the dense forward with only that sublayer pruned (not for a sliced
-    model: it lives in another basis of another width)."""
+    """Per layer and sublayer, the dense forward with only that sublayer pruned; for a sliced model,
+    which lives in another basis of another width, whole blocks mapped through its kept bases."""
     context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
-    unavailable = counterfactual_unavailable(dense.model, pruned.model)
+    unavailable = counterfactual_unavailable(dense.model, pruned.model, pruned.bases)
     if unavailable is not None:
         probed.skipped["counterfactual"] = unavailable
         context.log.info("counterfactual skipped", reason=unavailable)
         return
+    if pruned.bases is not None and set(spec.sublayers) - {"block"}:
+        probed.skipped["counterfactual sublayers"] = SLICED_SUBLAYERS_REASON
     started = time.perf_counter()
     context.report("counterfactual", MODEL_END, "prompt-layer 0")
     probed.records += run_probe(
@@ -156,6 +160,7 @@ def probe_counterfactual(probed: ProbeRun) -> None:
         probed.input_ids,
         temperature=spec.temperature,
         sublayers=tuple(spec.sublayers),
+        bases=pruned.bases,
         progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
     )
     probed.timings["counterfactual_s"] = lap(started)
@@ -289,7 +294,10 @@ def pruned_in_job(context: JobContext, spec: ProbeJobCreate, dense: LoadedModel)
         raise JobFailure(str(error)) from error
     calibration, record = draw_calibration(context, copy, spec.calibration, spec.seed, spec.method)
     options = PruneOptions(
-        pattern=spec.pattern, round_to=spec.round_to, batch_size=spec.calibration.batch_size
+        pattern=spec.pattern,
+        round_to=spec.round_to,
+        batch_size=spec.calibration.batch_size,
+        layout=spec.layout,
     )
     report = apply_method(
         context,
@@ -305,10 +313,11 @@ def pruned_in_job(context: JobContext, spec: ProbeJobCreate, dense: LoadedModel)
     layer_map = pruner_for(spec.method).layer_map(report, block_count(dense.model))
     return PrunedModel(
         model=copy.model,
-        method=METHODS[spec.method].stored_name(spec.pattern),
+        method=METHODS[spec.method].stored_name(spec.pattern, spec.layout),
         sparsity=spec.sparsity,
         layer_map=layer_map,
         report={**report.to_dict(), "calibration": record},
+        bases=getattr(report, "bases", None),
         origin={"pruned_in_job": True},
         timings={"pruning_s": lap(started)},
     )
@@ -329,7 +338,9 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     folder = Path(artifact.path)
     if not folder.is_dir():
         raise JobFailure(f"the artifact folder {folder} of job {spec.artifact_job_id} is gone")
-    method = result_method(str(request.get("method")), str(request.get("pattern", UNSTRUCTURED)))
+    method = result_method(
+        str(request.get("method")), str(request.get("pattern", UNSTRUCTURED)), request.get("layout")
+    )
     sparsity = float(request.get("sparsity", 0.0))
     origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
     try:
@@ -340,7 +351,8 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)
     as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
     as_module.to(device=dense.device, dtype=dense.dtype).eval()
-    return PrunedModel(model, method, sparsity, layer_map, report, origin, {"load_pruned_s": lap(started)})
+    timings = {"load_pruned_s": lap(started)}
+    return PrunedModel(model, method, sparsity, layer_map, report, origin, timings, reloaded.bases)
 
 
 def _artifact_of(session: Session, *, job_id: str) -> tuple[Job | None, Artifact | None]:

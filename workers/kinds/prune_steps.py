@@ -198,6 +198,11 @@ def job_pattern(spec: PruningJob) -> str:
     return spec.pattern if isinstance(spec, PruneJobCreate) else "unstructured"
 
 
+def stored_method(spec: PruningJob) -> str:
+    """The method name the job's pruned results are stored under (pattern and layout included)."""
+    return METHODS[spec.method].stored_name(job_pattern(spec), spec.layout)
+
+
 def apply_method(
     context: JobContext,
     model: PreTrainedModel,
@@ -239,6 +244,8 @@ def prune_options(spec: PruningJob) -> PruneOptions:
         round_to=spec.round_to,
         slice_head=spec.slice_head,
         batch_size=spec.calibration.batch_size,
+        layout=spec.layout,
+        keep_bases=spec.keep_bases,
     )
 
 
@@ -291,6 +298,7 @@ def prune_and_measure(
             prepared.source.model_id,
             prepared.loaded.revision,
             prepared.calibration_record,
+            tokenizer=prepared.loaded.tokenizer,
         )
         context.add_artifacts([artifact])
         artifact_path = artifact.path
@@ -375,7 +383,7 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=METHODS[spec.method].stored_name(job_pattern(spec)),
+            method=stored_method(spec),
             sparsity=outcome.sparsity,
             metric="ppl",
             dataset=prepared.data.spec.dataset,
@@ -388,7 +396,7 @@ def pruned_results(
         Result(
             model_id=prepared.source.model_id,
             model_revision=loaded.revision,
-            method=METHODS[spec.method].stored_name(job_pattern(spec)),
+            method=stored_method(spec),
             sparsity=outcome.sparsity,
             metric="param_fraction_removed",
             dataset=NO_DATASET,
@@ -435,7 +443,7 @@ def pruned_accuracy_results(
             measured,
             source=prepared.source,
             loaded=prepared.loaded,
-            method=METHODS[spec.method].stored_name(job_pattern(spec)),
+            method=stored_method(spec),
             sparsity=outcome.sparsity,
             seed=spec.seed,
             environment=prepared.environment,
@@ -452,15 +460,19 @@ def save_artifact(
     model_id: str,
     revision: str | None,
     calibration: dict[str, Any] | None,
+    tokenizer: Any = None,
 ) -> Artifact:
     """Write the pruned model to `folder` (replacing what an earlier attempt left) in its pruner's
-    format, and describe it."""
+    format, with the dense model's tokenizer (so a stock folder is a whole checkpoint that
+    `from_pretrained` and any serving engine read as it is), and describe it."""
     if folder.exists():
         shutil.rmtree(folder)
     pruner = pruner_for(method)
     weights = pruner.save(
         model, report, folder, model_id=model_id, revision=revision, calibration=calibration
     )
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     total_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
     return Artifact(
         kind=pruner.artifact_kind, path=str(folder), bytes=total_bytes, sha256=file_sha256(weights)

@@ -46,6 +46,7 @@ from workers.kinds.prune_steps import (
     pruned_accuracy_results,
     pruned_results,
     score_pruned_accuracy,
+    stored_method,
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
 from workers.loading import refresh_model
@@ -70,7 +71,7 @@ def run(context: JobContext) -> None:
     prepared = prepare(context, spec, SPANS, spec.accuracy)
     pruned = spec.pruned_sparsities
     required = _required_rows(prepared)
-    stored = _stored_earlier(context, spec.method)
+    stored = _stored_earlier(context, stored_method(spec))
     earlier = {s: rows for s, rows in stored.items() if required <= rows.keys()}
     if earlier:
         context.log.info("resuming sweep", measured=sorted(earlier))
@@ -204,7 +205,7 @@ def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured
             job_id=context.job_id,
             model_id=prepared.source.model_id,
             model_revision=prepared.loaded.revision,
-            method=spec.method,
+            method=stored_method(spec),
             dataset=prepared.data.spec.dataset,
             protocol=protocol,
             dense=MeasuredPoint(0.0, prepared.dense.value, prepared.dense.id),
@@ -233,7 +234,7 @@ def _accuracy_fits(
                         job_id=context.job_id,
                         model_id=prepared.source.model_id,
                         model_revision=prepared.loaded.revision,
-                        method=spec.method,
+                        method=stored_method(spec),
                         metric=metric,
                         task=plan.name,
                         n_options=n_options_from(dense.protocol),

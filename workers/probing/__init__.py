@@ -11,7 +11,12 @@ The math lives in `workers.probing.deviation`; KL is always KL(dense || pruned),
 vocabulary, in nats.
 """
 
-from workers.probing.counterfactual import SUBLAYERS, counterfactual_probe, counterfactual_unavailable
+from workers.probing.counterfactual import (
+    SLICED_SUBLAYERS_REASON,
+    SUBLAYERS,
+    counterfactual_probe,
+    counterfactual_unavailable,
+)
 from workers.probing.endpoint import mc_subspace_probe, model_probe, option_token_ids
 from workers.probing.generation import generate_tokens, generation_probe
 from workers.probing.prompts import BUILTIN_PROMPTS, ProbePrompt
@@ -19,6 +24,7 @@ from workers.probing.records import ProbeRecord, ProbeStopped
 
 __all__ = [
     "BUILTIN_PROMPTS",
+    "SLICED_SUBLAYERS_REASON",
     "SUBLAYERS",
     "ProbePrompt",
     "ProbeRecord",

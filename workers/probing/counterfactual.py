@@ -17,6 +17,12 @@ recorded) where the pruned linears equal the dense ones (an MLP of an attention-
 a forward, so untouched layers show an exact 0. Cost: one dense pass plus one block forward per
 layer and computed sublayer.
 
+A sliced (SliceGPT) model's stream lives in another basis and width. Given the kept directions of
+every block-boundary signal (`SlicingReport.bases`: B_k, D x d_k), its block l is compared whole:
+y'_l = pruned_block_l(x_l B_l) B_{l+1}^T, the dense input mapped into the sliced basis and the output
+mapped back (exact at sparsity 0, where every B is a rotation). Its attention and MLP read and write
+widths the dense block does not have, so they are not swapped in alone.
+
 Shifts y vs y' are measured in the embedding space, in logits lm_head(final_norm(.)) (the dense
 model's final norm and head read both: the logit lens of layer l) and in probabilities. The first
 position of each prompt is left out of every mean: it carries the attention sink's massive
@@ -50,6 +56,10 @@ from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.adapters.base import get_path, set_path
 
 SUBLAYERS = ("attention", "mlp", "block")
+SLICED_SUBLAYERS_REASON = (
+    "a sliced model's attention and MLP read and write its own widths and bases, so they cannot be "
+    "swapped into a dense block alone; its blocks are compared whole, through the kept bases"
+)
 
 
 def same_module(dense: nn.Module, pruned: nn.Module) -> bool:
@@ -98,11 +108,19 @@ class _BlockCall:
             self.by_name = True
         self.output = block_hidden(output).detach()  # (1, T, D)
 
-    def run(self, block: nn.Module) -> torch.Tensor:
-        """`block` on this call's input and arguments."""
+    def run(self, block: nn.Module, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """`block` on this call's input (or `hidden` in its place) and arguments."""
+        hidden = self.hidden if hidden is None else hidden
         if self.by_name:
-            return block_hidden(block(**self.kwargs))
-        return block_hidden(block(self.hidden, *self.args, **self.kwargs))
+            return block_hidden(block(**{**self.kwargs, "hidden_states": hidden}))
+        return block_hidden(block(hidden, *self.args, **self.kwargs))
+
+    def run_mapped(self, block: nn.Module, basis_in: torch.Tensor, basis_out: torch.Tensor) -> torch.Tensor:
+        """A sliced block on this call's input mapped into its basis (x B_in), its output mapped back."""
+        x = self.hidden
+        mapped = (x.double() @ basis_in.to(device=x.device, dtype=torch.float64)).to(x.dtype)
+        out = self.run(block, mapped)
+        return (out.double() @ basis_out.to(device=x.device, dtype=torch.float64).T).to(x.dtype)
 
 
 def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> list[_BlockCall]:
@@ -171,16 +189,23 @@ def check_layer_map(layer_map: Sequence[int | None], dense_blocks: int, pruned_b
             )
 
 
-def counterfactual_unavailable(dense: nn.Module, pruned: nn.Module) -> str | None:
+def counterfactual_unavailable(
+    dense: nn.Module, pruned: nn.Module, bases: Sequence[torch.Tensor] | None = None
+) -> str | None:
     """Why the per-layer counterfactual cannot compare these two models (a SliceGPT model's stream
-    has another width and basis), or None when it can."""
+    has another width and basis, and its bases were not kept), or None when it can."""
     adapter, _ = family_adapters(dense, pruned)
     reason = residual_mismatch(adapter, dense, pruned)
+    if reason is None or _bases_fit(adapter, pruned, bases):
+        return None
     return (
-        None
-        if reason is None
-        else f"per-layer counterfactual needs equal hidden widths in one basis: {reason}"
+        f"per-layer counterfactual needs equal hidden widths in one basis, or the sliced model's bases: "
+        f"{reason}, and its artifact kept no bases"
     )
+
+
+def _bases_fit(adapter: FamilyAdapter, pruned: nn.Module, bases: Sequence[torch.Tensor] | None) -> bool:
+    return bases is not None and len(bases) == len(adapter.blocks(pruned)) + 1
 
 
 @torch.no_grad()
@@ -192,6 +217,7 @@ def counterfactual_probe(
     *,
     temperature: float = 1.0,
     sublayers: Sequence[str] = SUBLAYERS,
+    bases: Sequence[torch.Tensor] | None = None,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> list[ProbeRecord]:
@@ -199,18 +225,24 @@ def counterfactual_probe(
     pruned, on the dense input. Records at probe "counterfactual": embedding and logits spaces
     ("1-cos" with estimate, "dpar", "dperp") and probs space ("1-cos", "kl", with estimates).
 
-    Raises ValueError when the two residual streams differ in width or basis (SliceGPT).
+    `bases` (a sliced model's `SlicingReport.bases`) compares a SliceGPT model block by block
+    (module docstring); without them, ValueError when the two streams differ in width or basis.
     """
     for sublayer in sublayers:
         if sublayer not in SUBLAYERS:
             raise ValueError(f"unknown sublayer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
     adapter, _ = family_adapters(dense, pruned)
-    reason = residual_mismatch(adapter, dense, pruned)
+    reason = counterfactual_unavailable(dense, pruned, bases)
     if reason is not None:
-        raise ValueError(f"per-layer counterfactual needs equal hidden widths in one basis: {reason}")
+        raise ValueError(reason)
+    # with bases the model is sliced even where the widths match (the stock layout at sparsity 0)
+    sliced = bases is not None or residual_mismatch(adapter, dense, pruned) is not None
     dense_blocks, pruned_blocks = adapter.blocks(dense), adapter.blocks(pruned)
     check_layer_map(layer_map, len(dense_blocks), len(pruned_blocks))
-    plan = _plan(adapter, dense_blocks, pruned_blocks, layer_map, sublayers)
+    if sliced:
+        plan = [{"block": "mapped"} if "block" in sublayers else {} for _ in layer_map]
+    else:
+        plan = _plan(adapter, dense_blocks, pruned_blocks, layer_map, sublayers)
     device = model_device(dense)
     sums = RecordSums("counterfactual")
     total, done = len(input_ids) * len(dense_blocks), 0
@@ -222,7 +254,11 @@ def counterfactual_probe(
             call, target = calls[layer], layer_map[layer]
             pruned_block = None if target is None else pruned_blocks[target]
             outputs = {
-                sublayer: _sublayer_output(adapter, call, how, sublayer, dense_blocks[layer], pruned_block)
+                sublayer: (
+                    call.run_mapped(pruned_blocks[layer], bases[layer], bases[layer + 1])
+                    if how == "mapped" and bases is not None
+                    else _sublayer_output(adapter, call, how, sublayer, dense_blocks[layer], pruned_block)
+                )
                 for sublayer, how in steps.items()
             }
             _measure(sums, adapter, dense, layer, call.output, outputs, temperature)

@@ -29,8 +29,8 @@ from torch import nn
 from workers.block_inputs import BlockBatch
 from workers.pruning.stream import ProgressCallback, StopCheck, run_block, token_cosines, walk_blocks
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError
-from workers.slicing.adapters.base import submodule
-from workers.slicing.weights import bias_of, tensor_of
+from workers.slicing.portable.sliced_modules import submodule
+from workers.slicing.portable.sliced_weights import bias_of, tensor_of
 
 BRANCHES = ("attention", "mlp")
 

@@ -8,8 +8,12 @@ can use `families` and `param_count` without loading torch):
 - `core.param_count`: `sliced_width`, `predict_dense_param_count`,
   `predict_sliced_param_count` (torch-free).
 - `workers.slicing.adapters`: `FamilyAdapter`, `detect_family`, `adapter_for_family`.
-- `workers.slicing.engine`: `slice_model` -> `SlicingReport`, `SlicingStopped`.
-- `workers.slicing.artifacts`: `save_sliced`, `load_sliced`.
+- `workers.slicing.engine`: `slice_model` -> `SlicingReport`, `SlicingStopped` (the per-layer layout).
+- `workers.slicing.stock`: `slice_model_stock`, the stock layout (one shared basis; the model stays
+  the family's own architecture at hidden_size d).
+- `workers.slicing.artifacts`: `save_sliced`, `load_sliced` (both layouts).
+- `workers.slicing.portable`: the code per-layer checkpoints carry for `trust_remote_code` loading,
+  which the engine imports too (the skip-connected modules, the weight accessors, the rebuild).
 - `workers.slicing.fusion.fuse_model` and `workers.slicing.rotation.rotate_fused_model`:
   the computational-invariance steps on their own, for checks.
 """

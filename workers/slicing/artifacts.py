@@ -4,7 +4,11 @@ A sliced model folder holds:
 - `model.safetensors`: every parameter and persistent buffer of the sliced model, by its name in
   the sliced module tree (blocks appear as `...layers.<i>.block.*` plus `...layers.<i>.attn_skip`
   and `...layers.<i>.mlp_skip`);
-- `config.json`: the dense model's HF config, with `tie_word_embeddings` false;
+- `config.json` of model_type `prunecast_sliced`: the dense model's HF config (head untied) under
+  `base_config`, the widths and the family's declaration under `sliced`, and an `auto_map` naming
+  `modeling_prunecast_sliced.py`, copied into the folder with its two siblings (the portable code,
+  `workers.slicing.portable`); folders written before that hold the dense config itself, and
+  `load_sliced` reads both;
 - `slicing_config.json`: what was sliced and how (family, d per signal, sparsity, source model id
   and revision, calibration details, parameter counts, versions). Written last: a folder without
   it is incomplete.
@@ -14,33 +18,46 @@ matrices, so each residual add computes x @ S + branch(x). Stock HF decoder bloc
 x + branch(x), and no config field adds a matrix there; nor can S be folded into neighbouring
 weights, because it acts on the residual stream itself. The widths also differ per signal (the
 last block writes D while the rest of the stream has d) where an HF config has one hidden_size,
-and the weight-free norms divide by the dense width D. (A stock form would exist only if one basis
-were shared by every signal, making every S the identity; that is a different, weaker algorithm
-than the paper's per-signal PCA, so it is not used.) `load_sliced` therefore rebuilds the dense
-architecture from config.json, applies the same structural changes the engine made, and loads
-the weights strictly, so every key and shape is checked.
+and the weight-free norms divide by the dense width D. `load_sliced` therefore rebuilds the dense
+architecture from the config, applies the same structural changes the engine made, and loads
+the weights strictly, so every key and shape is checked; `from_pretrained(folder,
+trust_remote_code=True)` runs that same code from the folder (the service itself never enables
+remote code: it calls `load_sliced`).
+
+A stock form exists only if one basis is shared by every signal, making every S the identity: the
+stock layout (`workers.slicing.stock`), a different algorithm offered beside the paper's:
+its folder is plain `save_pretrained` output (config.json with hidden_size d, model.safetensors
+or shards) plus slicing_config.json with `"layout": "stock"`, and `load_sliced` reads it with
+`AutoModelForCausalLM.from_pretrained`, exactly as any other program would.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
-from accelerate import init_empty_weights
-from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from core.families import family_from_config
+from core.methods import STOCK_LAYOUT
 from workers.artifact_description import read_description, write_description
-from workers.slicing.adapters import FamilyAdapter, adapter_for_family
-from workers.slicing.adapters.base import norm_epsilon
-from workers.slicing.engine import SlicedWidths, SlicingReport
-from workers.slicing.fusion import replace_block_norms
-from workers.slicing.modules import ParallelSkipConnectedBlock, RMSNormNoScale, SkipConnectedBlock
-from workers.slicing.weights import bias_of, set_embedding, set_weight_out_in, weight_out_in
+from workers.slicing import portable
+from workers.slicing.adapters import adapter_for_family
+from workers.slicing.engine import SlicingReport
+from workers.slicing.portable.modeling_prunecast_sliced import (
+    AUTO_MAP,
+    MODEL_TYPE,
+    PORTABLE_FILES,
+    PrunecastSlicedConfig,
+    build_sliced_model,
+)
 
 WEIGHTS_FILE = "model.safetensors"
+BASES_FILE = "bases.safetensors"  # the kept directions of every block-boundary signal (probes read them)
 SLICING_CONFIG_FILE = "slicing_config.json"
 FORMAT = "prunecast-slicegpt"
 FORMAT_VERSION = 1
@@ -62,14 +79,21 @@ def save_sliced(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
-    safetensors.torch.save_file(
-        state, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "producer": FORMAT}
-    )
-    model.config.tie_word_embeddings = False
-    model.config.save_pretrained(folder)
+    if report.layout == STOCK_LAYOUT:
+        model.save_pretrained(folder)  # config.json, generation_config.json, weights (sharded if large)
+        weights_file = WEIGHTS_FILE if (folder / WEIGHTS_FILE).exists() else f"{WEIGHTS_FILE}.index.json"
+    else:
+        state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
+        safetensors.torch.save_file(
+            state, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "producer": FORMAT}
+        )
+        model.config.tie_word_embeddings = False
+        _save_remote_code_config(model, report, folder)
+        weights_file = WEIGHTS_FILE
     description = {
         "method": "slicegpt",
+        "layout": report.layout,
+        "pooling": report.pooling,
         "family": report.family,
         "hidden_size": report.hidden_size,
         "sparsity": report.sparsity,
@@ -83,12 +107,66 @@ def save_sliced(
         "params_after": report.params_after,
         "param_fraction_removed": report.param_fraction_removed,
         "dtype": report.dtype,
-        "weights_file": WEIGHTS_FILE,
+        "weights_file": weights_file,
+        "bases_file": _save_bases(report, folder),
     }
     write_description(
         folder / SLICING_CONFIG_FILE, description, file_format=FORMAT, format_version=FORMAT_VERSION
     )
     return folder
+
+
+def _save_bases(report: SlicingReport, folder: Path) -> str | None:
+    """`SlicingReport.bases` in BASES_FILE (the stock layout's one basis once, as "shared"); its name."""
+    if not report.bases:
+        return None
+    shared = all(basis is report.bases[0] for basis in report.bases)
+    tensors = (
+        {"shared": report.bases[0]} if shared else {f"signal.{k}": b for k, b in enumerate(report.bases)}
+    )
+    metadata = {"signals": str(len(report.bases)), "shared": str(shared)}
+    safetensors.torch.save_file(tensors, str(folder / BASES_FILE), metadata=metadata)
+    return BASES_FILE
+
+
+def load_bases(folder: str | Path) -> list[torch.Tensor] | None:
+    """The kept directions a sliced folder stored (see `SlicingReport.bases`), or None if it has none."""
+    folder = Path(folder)
+    name = read_slicing_config(folder).get("bases_file")
+    if not name:
+        return None
+    with safetensors.safe_open(str(folder / name), framework="pt") as handle:
+        metadata = handle.metadata()
+        signals = int(metadata["signals"])
+        if metadata["shared"] == "True":
+            return [handle.get_tensor("shared")] * signals
+        return [handle.get_tensor(f"signal.{k}") for k in range(signals)]
+
+
+def _save_remote_code_config(model: PreTrainedModel, report: SlicingReport, folder: Path) -> None:
+    """config.json of model_type prunecast_sliced naming the portable code in `auto_map`, and that
+    code, so `from_pretrained(folder, trust_remote_code=True)` works without prunecast."""
+    sliced = {
+        "widths": report.widths.to_dict(),
+        "adapter": adapter_for_family(report.family).declaration(),
+        "weights_file": WEIGHTS_FILE,
+    }
+    config = PrunecastSlicedConfig(base_config=model.config.to_dict(), sliced=sliced)
+    config.auto_map = AUTO_MAP
+    config.architectures = ["PrunecastSlicedForCausalLM"]
+    config.save_pretrained(folder)
+    source = Path(portable.__file__).parent
+    for name in PORTABLE_FILES:
+        shutil.copyfile(source / name, folder / name)
+
+
+def is_per_layer_sliced(folder: Path) -> bool:
+    """Whether `folder` holds a per-layer sliced model (its config.json is of model_type
+    prunecast_sliced), which only `load_sliced` (or remote code) can read."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def read_slicing_config(folder: str | Path) -> dict[str, Any]:
@@ -99,80 +177,19 @@ def read_slicing_config(folder: str | Path) -> dict[str, Any]:
 
 
 def load_sliced(folder: str | Path, *, device: torch.device | str = "cpu") -> PreTrainedModel:
-    """Rebuild a sliced model saved by `save_sliced`; its logits equal the saved model's."""
+    """Rebuild a sliced model saved by `save_sliced` (either layout); its logits equal the saved model's."""
     folder = Path(folder)
     description = read_slicing_config(folder)
-    config = AutoConfig.from_pretrained(folder)
-    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) real
-        model = AutoModelForCausalLM.from_config(config)
+    if description.get("layout") == STOCK_LAYOUT:
+        dtype = getattr(torch, str(description["dtype"]))
+        stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device))
+        return stock.eval()
+    config = json.loads((folder / "config.json").read_text())
+    base_config = config["base_config"] if config.get("model_type") == MODEL_TYPE else config  # older folders
     adapter = adapter_for_family(description["family"])
-    if not adapter.matches(model):
-        raise ValueError(f"config.json in {folder} does not build a {adapter.name}-family model")
+    if family_from_config(base_config) != adapter.name:
+        raise ValueError(f"config.json in {folder} does not describe a {adapter.name}-family model")
     state = safetensors.torch.load_file(str(folder / description["weights_file"]), device=str(device))
-    apply_sliced_structure(model, adapter, SlicedWidths.from_dict(description["widths"]), state)
-    model.load_state_dict(state, strict=True, assign=True)
+    model: Any = build_sliced_model(base_config, adapter, description["widths"], state)
     model.to(device)
-    return model.eval()
-
-
-def _empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(shape, dtype=like.dtype, device="meta")
-
-
-def _resize(module: nn.Module, rows: int | None, columns: int | None) -> None:
-    """Give a linear an empty [rows, columns] weight ([out, in]; None keeps that size) and bias."""
-    weight = weight_out_in(module)
-    out_width = weight.shape[0] if rows is None else rows
-    in_width = weight.shape[1] if columns is None else columns
-    set_weight_out_in(module, _empty((out_width, in_width), weight))
-    bias = bias_of(module)
-    if bias is not None and rows is not None:
-        module.bias = nn.Parameter(_empty((rows,), bias), requires_grad=False)
-
-
-def _ensure_bias(module: nn.Module, name: str, state: dict[str, torch.Tensor]) -> None:
-    """Readers of a folded LayerNorm may have gained a bias the dense architecture lacks."""
-    if bias_of(module) is None and f"{name}.bias" in state:
-        weight = weight_out_in(module)
-        module.bias = nn.Parameter(_empty((weight.shape[0],), weight), requires_grad=False)
-
-
-def apply_sliced_structure(
-    model: PreTrainedModel, adapter: FamilyAdapter, widths: SlicedWidths, state: dict[str, torch.Tensor]
-) -> None:
-    """Make a freshly built dense model (parameters on meta) take the sliced model's structure:
-    untied head, weight-free norms, sliced shapes, skip-connected blocks. `state` (the saved
-    tensors) is only consulted for biases that folding added."""
-    blocks = adapter.blocks(model)
-    like = adapter.embeddings(model)[0].weight
-    for index, block_widths in enumerate(widths.blocks):
-        if adapter.is_parallel(blocks[index]):
-            skip = _empty((block_widths.attn_in, block_widths.out), like)
-            blocks[index] = ParallelSkipConnectedBlock(blocks[index], adapter, skip=skip)
-        else:
-            attn_skip = _empty((block_widths.attn_in, block_widths.mlp_in), like)
-            mlp_skip = _empty((block_widths.mlp_in, block_widths.out), like)
-            blocks[index] = SkipConnectedBlock(blocks[index], adapter, attn_skip=attn_skip, mlp_skip=mlp_skip)
-    names = {module: name for name, module in model.named_modules()}  # names as in the sliced model
-
-    head = adapter.lm_head(model)
-    head.weight = nn.Parameter(_empty((head.out_features, widths.head), head.weight), requires_grad=False)
-    head.in_features = widths.head
-    _ensure_bias(head, names[head], state)
-    model.config.tie_word_embeddings = False
-    for embedding in adapter.embeddings(model):
-        set_embedding(embedding, _empty((embedding.num_embeddings, widths.embedding), embedding.weight))
-    for block, block_widths in zip(blocks, widths.blocks, strict=True):
-        for reader in adapter.attn_readers(block):
-            _resize(reader, None, block_widths.attn_in)
-            _ensure_bias(reader, names[reader], state)
-        attn_out = block_widths.out if isinstance(block, ParallelSkipConnectedBlock) else block_widths.mlp_in
-        for writer in adapter.attn_writers(block):
-            _resize(writer, attn_out, None)
-        for reader in adapter.mlp_readers(block):
-            _resize(reader, None, block_widths.mlp_in)
-            _ensure_bias(reader, names[reader], state)
-        for writer in adapter.mlp_writers(block):
-            _resize(writer, block_widths.out, None)
-        replace_block_norms(block, adapter, widths.full)
-    adapter.set_final_norm(model, RMSNormNoScale(widths.full, norm_epsilon(adapter.final_norm(model))))
+    return model

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from core.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
+from core.methods import PER_LAYER_LAYOUT
 from core.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
 from workers.block_inputs import BlockBatch as _Batch
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
@@ -39,8 +40,13 @@ from workers.block_inputs import move_to as _move
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
 from workers.slicing.adapters.base import config_dict
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
-from workers.slicing.modules import ParallelSkipConnectedBlock, RMSNormNoScale, SkipConnectedBlock, wrap_block
 from workers.slicing.pca import SecondMoment, principal_basis
+from workers.slicing.portable.sliced_modules import (
+    ParallelSkipConnectedBlock,
+    RMSNormNoScale,
+    SkipConnectedBlock,
+    wrap_block,
+)
 from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
 
 ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
@@ -111,6 +117,12 @@ class SlicingReport:
     device: str
     dtype: str
     timings: dict[str, Any] = field(default_factory=dict)  # seconds: capture, blocks (list), head, total
+    layout: str = PER_LAYER_LAYOUT  # core.methods layouts: per-layer (this module) or stock (slicing.stock)
+    pooling: str | None = None  # stock layout: how the signals were pooled into the one basis
+    # The kept directions of every block-boundary signal, (D, d_k) float32 on the CPU: k = 0 is what
+    # block 0 reads (the embedding output), k = i + 1 what block i writes. A dense stream x maps
+    # into the sliced model's signal k as x @ B_k, and back as x_k @ B_k^T (probes use both).
+    bases: list[torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @property
     def width(self) -> int:
@@ -123,7 +135,8 @@ class SlicingReport:
         return 1.0 - self.params_after / self.params_before
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, bases=None))
+        data.pop("bases")
         data["width"] = self.width
         data["param_fraction_removed"] = self.param_fraction_removed
         return data
@@ -185,6 +198,7 @@ def slice_model(
     batch_size: int = 8,
     device: torch.device | str | None = None,
     slice_head: bool | None = None,
+    keep_bases: bool = True,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> SlicingReport:
@@ -195,6 +209,8 @@ def slice_model(
     out of every PCA. Only one block at a time is moved to `device` (default: where the model is);
     calibration activations stay where the model is, in the model's dtype. `slice_head` None keeps
     the LM head at full width D except for families whose forward needs it sliced (GPT-2).
+    `keep_bases` keeps the kept directions of every block-boundary signal in the report (probes
+    compare the sliced blocks through them): (L + 1) D x d float32 on the CPU.
 
     `progress(blocks_done, num_blocks)` is called once with 0 first and then after each block.
     `should_stop()` is checked before each block; when it returns True, SlicingStopped is raised
@@ -203,7 +219,7 @@ def slice_model(
     and the embeddings centred, which keeps the logits).
     """
     started = time.perf_counter()
-    keep = _calibration_keep(calibration_ids, attention_mask, batch_size)
+    keep = calibration_keep(calibration_ids, attention_mask, batch_size)
     adapter = detect_family(model)
     if is_fused(model, adapter):
         raise ValueError("the model is already fused or sliced; slice the original dense model")
@@ -227,8 +243,21 @@ def slice_model(
     _check_block_structure(model, adapter, blocks[0], batches[0], compute)
     timings["capture"] = time.perf_counter() - started
     basis = _slice_embeddings(model, adapter, batches, full, widths.embedding, compute)
+    bases = [kept_directions(basis, widths.embedding)]
     basis = _slice_blocks(
-        adapter, blocks, batches, basis, widths, full, compute, home, dtype, timings, progress, should_stop
+        adapter,
+        blocks,
+        batches,
+        basis,
+        widths,
+        full,
+        compute,
+        home,
+        dtype,
+        timings,
+        progress,
+        should_stop,
+        bases,
     )
     batches.clear()  # the activations are spent; free them before the head's large temporaries
     head_started = time.perf_counter()
@@ -253,10 +282,16 @@ def slice_model(
         device=str(compute),
         dtype=str(dtype).removeprefix("torch."),
         timings=timings,
+        bases=bases if keep_bases else None,
     )
 
 
-def _calibration_keep(
+def kept_directions(basis: torch.Tensor, keep: int) -> torch.Tensor:
+    """Q[:, :keep] as float32 on the CPU, what `SlicingReport.bases` holds."""
+    return basis[:, :keep].to(device="cpu", dtype=torch.float32).contiguous()
+
+
+def calibration_keep(
     calibration_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int
 ) -> torch.Tensor:
     """The (N, T) bool mask of real tokens on the CPU; ValueError for unusable calibration input."""
@@ -320,8 +355,10 @@ def _slice_blocks(
     timings: dict[str, Any],
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
+    bases: list[torch.Tensor],
 ) -> torch.Tensor:
-    """Slice every block in order, one on `compute` at a time; returns the last block's output basis."""
+    """Slice every block in order, one on `compute` at a time, appending each block's kept output
+    directions to `bases`; returns the last block's output basis."""
     num_blocks = len(blocks)
     if progress is not None:
         progress(0, num_blocks)
@@ -336,6 +373,7 @@ def _slice_blocks(
         fuse_block(block, adapter, full, compute)
         slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
         blocks[index], basis = slice_block(adapter, block, batches, basis, block_widths, full, compute, dtype)
+        bases.append(kept_directions(basis, block_widths.out))
         blocks[index].to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
         if progress is not None:

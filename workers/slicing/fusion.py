@@ -14,7 +14,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from workers.slicing.adapters.base import FamilyAdapter, norm_epsilon
-from workers.slicing.modules import RMSNormNoScale
+from workers.slicing.portable.modeling_prunecast_sliced import replace_block_norms
+from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.weights import centre_embedding, centre_writer, fold_norm_into_readers
 
 
@@ -60,17 +61,6 @@ def fuse_block(block: nn.Module, adapter: FamilyAdapter, full_width: int, device
         scale, shift = adapter.norm_scale_shift(norm)
         fold_norm_into_readers(readers, scale, shift, device)
     replace_block_norms(block, adapter, full_width)
-
-
-def replace_block_norms(block: nn.Module, adapter: FamilyAdapter, full_width: int) -> None:
-    """Swap the block's norms for weight-free RMSNorms with the same epsilon (one module if shared)."""
-    attn_norm, mlp_norm = adapter.attn_norm(block), adapter.mlp_norm(block)
-    new_attn_norm = RMSNormNoScale(full_width, norm_epsilon(attn_norm))
-    shared = mlp_norm is attn_norm
-    adapter.set_attn_norm(block, new_attn_norm)
-    adapter.set_mlp_norm(
-        block, new_attn_norm if shared else RMSNormNoScale(full_width, norm_epsilon(mlp_norm))
-    )
 
 
 def fuse_final_norm(

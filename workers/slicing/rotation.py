@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from workers.slicing.adapters.base import FamilyAdapter
-from workers.slicing.modules import RMSNormNoScale
+from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
 
 

@@ -17,66 +17,19 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
-ReadWriteModule = nn.Linear | Conv1D
+from workers.slicing.portable.sliced_weights import (
+    bias_of,
+    set_bias,
+    set_embedding,
+    set_weight_out_in,
+    tensor_of,
+    weight_out_in,
+)
 
 # Rows per float64 chunk when transforming row-independent matrices. A 49152 x 576 head or
 # embedding would otherwise need two float64 copies (~450 MB) at once; chunks bound that to ~40 MB.
 ROW_CHUNK = 8192
-
-
-def tensor_of(module: nn.Module, name: str) -> torch.Tensor:
-    """A module's parameter or buffer by name (typed, unlike nn.Module attribute access)."""
-    value = getattr(module, name)
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{type(module).__name__}.{name} is not a tensor")
-    return value
-
-
-def bias_of(module: nn.Module) -> torch.Tensor | None:
-    value = getattr(module, "bias", None)
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def weight_out_in(module: nn.Module) -> torch.Tensor:
-    """The weight as [out, in], whatever the module stores."""
-    if isinstance(module, Conv1D):
-        return module.weight.t()
-    if isinstance(module, nn.Linear):
-        return module.weight
-    raise TypeError(f"expected nn.Linear or Conv1D, got {type(module).__name__}")
-
-
-def set_weight_out_in(module: nn.Module, weight: torch.Tensor) -> None:
-    """Replace the weight (given as [out, in]) and update the shape attributes the module uses."""
-    old = tensor_of(module, "weight")
-    if isinstance(module, Conv1D):
-        stored = weight.t().contiguous()
-        module.nx, module.nf = stored.shape
-    elif isinstance(module, nn.Linear):
-        stored = weight.contiguous()
-        module.out_features, module.in_features = stored.shape
-    else:
-        raise TypeError(f"expected nn.Linear or Conv1D, got {type(module).__name__}")
-    module.weight = nn.Parameter(
-        stored.to(device=old.device, dtype=old.dtype), requires_grad=old.requires_grad
-    )
-
-
-def set_bias(module: nn.Module, bias: torch.Tensor, like: torch.Tensor) -> None:
-    """Replace (or add) the bias, stored with the dtype and device of `like`."""
-    module.bias = nn.Parameter(
-        bias.to(device=like.device, dtype=like.dtype), requires_grad=like.requires_grad
-    )
-
-
-def set_embedding(embedding: nn.Embedding, table: torch.Tensor) -> None:
-    old = tensor_of(embedding, "weight")
-    embedding.weight = nn.Parameter(
-        table.contiguous().to(device=old.device, dtype=old.dtype), requires_grad=old.requires_grad
-    )
-    embedding.embedding_dim = table.shape[1]
 
 
 def _f64(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -45,8 +45,15 @@ def test_slicing_config_records_widths_source_and_calibration(tmp_path: Path) ->
     assert description["widths"]["embedding"] == 48 and description["widths"]["head"] == 64
     assert description["params_after"] == report.params_after
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["tie_word_embeddings"] is False
-    assert (tmp_path / "model.safetensors").is_file()
+    assert config["model_type"] == "prunecast_sliced" and config["base_config"]["model_type"] == "qwen2"
+    assert config["base_config"]["tie_word_embeddings"] is False
+    assert (
+        config["auto_map"]["AutoModelForCausalLM"] == "modeling_prunecast_sliced.PrunecastSlicedForCausalLM"
+    )
+    assert config["sliced"]["widths"] == description["widths"]
+    assert (tmp_path / "model.safetensors").is_file() and (
+        tmp_path / "modeling_prunecast_sliced.py"
+    ).is_file()
 
 
 def test_loading_a_folder_without_slicing_config_explains_what_is_missing(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import torch
 from tests.workers.slicing.tiny import ALL_CASES, build, logits, mean_nll, relative_error, token_ids
 from workers.slicing.adapters import detect_family
 from workers.slicing.fusion import fuse_model
-from workers.slicing.modules import RMSNormNoScale
+from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.rotation import random_orthogonal, rotate_fused_model
 
 TOLERANCE = 1e-4  # relative Frobenius error of the logits

@@ -17,8 +17,12 @@ from tests.workers.slicing.tiny import (
 )
 from workers.slicing.adapters import detect_family
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
-from workers.slicing.modules import ParallelSkipConnectedBlock, SkipConnectedBlock, WrappedBlock
-from workers.slicing.weights import set_weight_out_in, weight_out_in
+from workers.slicing.portable.sliced_modules import (
+    ParallelSkipConnectedBlock,
+    SkipConnectedBlock,
+    WrappedBlock,
+)
+from workers.slicing.portable.sliced_weights import set_weight_out_in, weight_out_in
 
 TOLERANCE = 1e-4  # relative Frobenius error of the logits
 

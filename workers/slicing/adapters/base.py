@@ -15,7 +15,7 @@ its config and norm behaviour (`problems`), never from the model's name.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import Any, ClassVar
 
 import torch
@@ -23,32 +23,16 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from core.families import family_config_refusal, unsupported_message
-from workers.slicing.modules import RMSNormNoScale, WrappedBlock
-from workers.slicing.weights import ReadWriteModule
-
-
-def get_path(root: nn.Module, path: str) -> Any:
-    """root.a.b.c for path 'a.b.c', or None if any step is missing."""
-    node: Any = root
-    for part in path.split("."):
-        node = getattr(node, part, None)
-        if node is None:
-            return None
-    return node
-
-
-def submodule(root: nn.Module, path: str) -> nn.Module:
-    """root.a.b for path 'a.b', which must be a module (typed, unlike attribute access)."""
-    node = get_path(root, path)
-    if not isinstance(node, nn.Module):
-        raise AttributeError(f"{type(root).__name__} has no submodule {path!r}")
-    return node
-
-
-def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    parent = get_path(root, parent_path) if parent_path else root
-    setattr(parent, name, value)
+from workers.slicing.portable.sliced_modules import (
+    RMSNormNoScale,
+    WrappedBlock,
+    get_path,
+    norm_epsilon,
+    run_attention,
+    run_mlp,
+    set_path,
+)
+from workers.slicing.portable.sliced_weights import ReadWriteModule
 
 
 def unwrap(block: nn.Module) -> nn.Module:
@@ -62,15 +46,6 @@ def config_dict(model: PreTrainedModel) -> dict[str, Any]:
     if not config.get("architectures"):  # models built from a config carry no architectures entry
         config["architectures"] = [type(model).__name__]
     return config
-
-
-def norm_epsilon(norm: nn.Module) -> float:
-    """The epsilon added to the mean square by LayerNorm / RMSNorm implementations."""
-    for attribute in ("variance_epsilon", "eps", "epsilon"):
-        value = getattr(norm, attribute, None)
-        if isinstance(value, float | int):
-            return float(value)
-    raise ValueError(f"cannot find the epsilon of norm {type(norm).__name__}")
 
 
 class FamilyAdapter(ABC):
@@ -95,22 +70,70 @@ class FamilyAdapter(ABC):
     mlp_writer_paths: ClassVar[tuple[str, ...]]
     block_children: ClassVar[frozenset[str]]  # every direct child a block of this family may have
 
+    # How a block's branches are called (`portable.sliced_modules.run_attention` / `run_mlp`); data,
+    # so that an exported checkpoint rebuilds the same calls without this code (`declaration`).
+    attention_path: ClassVar[str] = "self_attn"
+    attention_by_name: ClassVar[bool] = True  # hidden_states= rather than positional
+    attention_ignored: ClassVar[tuple[str, ...]] = ()  # block call arguments the attention does not take
+    attention_dropout_path: ClassVar[str | None] = None
+    mlp_chain: ClassVar[tuple[str, ...]] = ("mlp",)
+    mlp_dropout_path: ClassVar[str | None] = None
+    parallel_attribute: ClassVar[str | None] = None  # block attribute that says parallel, if it varies
+    parallel_default: ClassVar[bool] = False
+
     # ---- residual structure and the two calls that differ between families --------------------
 
     def is_parallel(self, block: nn.Module) -> bool:
         """True if attention and MLP both read the block input (y = x + attn(x) + mlp(x)):
         such a block has one input basis, one output basis and one skip matrix. Sequential
         blocks (h = x + attn(x); y = h + mlp(h)) have a basis between attention and MLP too."""
-        return False
+        if self.parallel_attribute is None:
+            return self.parallel_default
+        return bool(getattr(unwrap(block), self.parallel_attribute, self.parallel_default))
 
-    @abstractmethod
     def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
         """What the block adds to the residual for attention, given the attention norm's output and
         the block's call arguments by name (attention mask, position info, cache...)."""
+        return run_attention(
+            unwrap(block),
+            normed,
+            call,
+            path=self.attention_path,
+            by_name=self.attention_by_name,
+            ignored=self.attention_ignored,
+            dropout_path=self.attention_dropout_path,
+        )
 
-    @abstractmethod
     def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
         """What the block adds to the residual for the MLP, given the MLP norm's output."""
+        return run_mlp(unwrap(block), normed, chain=self.mlp_chain, dropout_path=self.mlp_dropout_path)
+
+    def declaration(self) -> dict[str, Any]:
+        """Everything structural about this family as plain data: what an exported checkpoint's
+        `DeclaredAdapter` needs to find and call every part without this code."""
+        names = [
+            "name",
+            "decoder_path",
+            "blocks_path",
+            "embedding_paths",
+            "final_norm_path",
+            "head_path",
+            "attn_norm_path",
+            "attn_reader_paths",
+            "attn_writer_paths",
+            "mlp_norm_path",
+            "mlp_reader_paths",
+            "mlp_writer_paths",
+            "attention_path",
+            "attention_by_name",
+            "attention_ignored",
+            "attention_dropout_path",
+            "mlp_chain",
+            "mlp_dropout_path",
+            "parallel_attribute",
+            "parallel_default",
+        ]
+        return {name: getattr(self, name) for name in names}
 
     # ---- recognition --------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.slicing.adapters.base import FamilyAdapter, submodule
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class GPT2Adapter(FamilyAdapter):
@@ -34,14 +34,11 @@ class GPT2Adapter(FamilyAdapter):
     mlp_reader_paths = ("mlp.c_fc",)
     mlp_writer_paths = ("mlp.c_proj",)
     block_children = frozenset({"ln_1", "attn", "ln_2", "mlp"})
+    attention_path = "attn"
+    attention_by_name = False
+    attention_ignored = ("encoder_hidden_states", "encoder_attention_mask")
 
     def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        call = dict(call)
-        if call.pop("encoder_hidden_states", None) is not None:
+        if call.get("encoder_hidden_states") is not None:
             raise ValueError("sliced GPT-2 blocks do not support cross-attention inputs")
-        call.pop("encoder_attention_mask", None)
-        output, _ = submodule(block, "attn")(normed, **call)
-        return output
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return submodule(block, "mlp")(normed)
+        return super().attention_branch(block, normed, call)

@@ -9,12 +9,7 @@ x + attention). LayerNorm with bias (mean removal first), rotary positions, unti
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
-
-from workers.slicing.adapters.base import FamilyAdapter, submodule, unwrap
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class GPTNeoXAdapter(FamilyAdapter):
@@ -43,13 +38,9 @@ class GPTNeoXAdapter(FamilyAdapter):
             "mlp",
         }
     )
-
-    def is_parallel(self, block: nn.Module) -> bool:
-        return bool(getattr(unwrap(block), "use_parallel_residual", True))
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        output, _ = submodule(block, "attention")(normed, **call)
-        return submodule(block, "post_attention_dropout")(output)
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return submodule(block, "post_mlp_dropout")(submodule(block, "mlp")(normed))
+    attention_path = "attention"
+    attention_by_name = False
+    attention_dropout_path = "post_attention_dropout"
+    mlp_dropout_path = "post_mlp_dropout"
+    parallel_attribute = "use_parallel_residual"
+    parallel_default = True

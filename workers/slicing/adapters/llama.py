@@ -9,12 +9,7 @@ q_proj/k_proj outputs, not the residual stream, so rotations and slicing never t
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
-
-from workers.slicing.adapters.base import FamilyAdapter, submodule
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class LlamaAdapter(FamilyAdapter):
@@ -33,10 +28,3 @@ class LlamaAdapter(FamilyAdapter):
     mlp_reader_paths = ("mlp.gate_proj", "mlp.up_proj")
     mlp_writer_paths = ("mlp.down_proj",)
     block_children = frozenset({"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"})
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        output, _ = submodule(block, "self_attn")(hidden_states=normed, **call)
-        return output
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return submodule(block, "mlp")(normed)

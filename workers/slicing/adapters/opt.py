@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.slicing.adapters.base import FamilyAdapter, submodule
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class OPTAdapter(FamilyAdapter):
@@ -36,12 +36,16 @@ class OPTAdapter(FamilyAdapter):
     block_children = frozenset(
         {"self_attn", "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm", "activation_fn"}
     )
+    attention_ignored = ("use_cache",)  # OPT's decoder layer takes it, its attention does not
+    mlp_chain = ("fc1", "activation_fn", "fc2")
 
+    # OPT applies its residual dropout functionally (p = block.dropout), not as a module.
     def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        call = {name: value for name, value in call.items() if name != "use_cache"}  # OPT's layer drops it
-        output, _ = submodule(block, "self_attn")(hidden_states=normed, **call)
-        return nn.functional.dropout(output, p=float(getattr(block, "dropout", 0.0)), training=block.training)
+        return _dropout(block, super().attention_branch(block, normed, call))
 
     def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        output = submodule(block, "fc2")(submodule(block, "activation_fn")(submodule(block, "fc1")(normed)))
-        return nn.functional.dropout(output, p=float(getattr(block, "dropout", 0.0)), training=block.training)
+        return _dropout(block, super().mlp_branch(block, normed))
+
+
+def _dropout(block: nn.Module, output: torch.Tensor) -> torch.Tensor:
+    return nn.functional.dropout(output, p=float(getattr(block, "dropout", 0.0)), training=block.training)

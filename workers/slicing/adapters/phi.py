@@ -10,12 +10,7 @@ projections and never see the residual stream.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
-
-from workers.slicing.adapters.base import FamilyAdapter, submodule
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class PhiAdapter(FamilyAdapter):
@@ -34,13 +29,6 @@ class PhiAdapter(FamilyAdapter):
     mlp_reader_paths = ("mlp.fc1",)
     mlp_writer_paths = ("mlp.fc2",)
     block_children = frozenset({"self_attn", "mlp", "input_layernorm", "resid_dropout"})
-
-    def is_parallel(self, block: nn.Module) -> bool:
-        return True
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        output, _ = submodule(block, "self_attn")(hidden_states=normed, **call)
-        return submodule(block, "resid_dropout")(output)
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return submodule(block, "resid_dropout")(submodule(block, "mlp")(normed))
+    attention_dropout_path = "resid_dropout"
+    mlp_dropout_path = "resid_dropout"
+    parallel_default = True

@@ -8,12 +8,7 @@ The fused qkv_proj and gate_up_proj each read the whole norm output, so each is 
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
-
-from workers.slicing.adapters.base import FamilyAdapter, submodule
+from workers.slicing.adapters.base import FamilyAdapter
 
 
 class Phi3Adapter(FamilyAdapter):
@@ -41,10 +36,5 @@ class Phi3Adapter(FamilyAdapter):
             "resid_mlp_dropout",
         }
     )
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        output, _ = submodule(block, "self_attn")(hidden_states=normed, **call)
-        return submodule(block, "resid_attn_dropout")(output)
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return submodule(block, "resid_mlp_dropout")(submodule(block, "mlp")(normed))
+    attention_dropout_path = "resid_attn_dropout"
+    mlp_dropout_path = "resid_mlp_dropout"

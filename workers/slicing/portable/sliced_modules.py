@@ -1,4 +1,7 @@
-"""The two modules a sliced model contains that stock transformers models do not.
+"""The two modules a sliced model contains that stock transformers models do not, and the module
+path helpers they need.
+
+Portable: imports only torch (exported checkpoints carry this file; see `modeling_prunecast_sliced`).
 
 - `RMSNormNoScale` replaces every norm once its scale (and bias) is folded into the linears that
   read it. It divides by the root mean square over the ORIGINAL width D even after the residual
@@ -17,13 +20,91 @@ states, because HF records them with hooks on its own block classes, which the w
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from workers.slicing.adapters.base import FamilyAdapter
+
+class BlockAdapter(Protocol):
+    """What a skip-connected block asks of its family: its norms and how to run each branch
+    (the engine's `BlockAdapter`, or the declared one an exported checkpoint rebuilds)."""
+
+    def attn_norm(self, block: nn.Module) -> nn.Module: ...
+
+    def mlp_norm(self, block: nn.Module) -> nn.Module: ...
+
+    def is_parallel(self, block: nn.Module) -> bool: ...
+
+    def attention_branch(
+        self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]
+    ) -> torch.Tensor: ...
+
+    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor: ...
+
+
+def get_path(root: nn.Module, path: str) -> Any:
+    """root.a.b.c for path 'a.b.c', or None if any step is missing."""
+    node: Any = root
+    for part in path.split("."):
+        node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = get_path(root, parent_path) if parent_path else root
+    setattr(parent, name, value)
+
+
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """root.a.b for path 'a.b', which must be a module (typed, unlike attribute access)."""
+    node = get_path(root, path)
+    if not isinstance(node, nn.Module):
+        raise AttributeError(f"{type(root).__name__} has no submodule {path!r}")
+    return node
+
+
+def run_attention(
+    block: nn.Module,
+    normed: torch.Tensor,
+    call: dict[str, Any],
+    *,
+    path: str,
+    by_name: bool,
+    ignored: tuple[str, ...] = (),
+    dropout_path: str | None = None,
+) -> torch.Tensor:
+    """What a block's attention adds to the residual: its module at `path` on the norm output
+    (passed as `hidden_states=` when `by_name`, else first), with the block's call arguments minus
+    `ignored` ones, output[0], then the block's residual dropout module if it has one."""
+    arguments = {name: value for name, value in call.items() if name not in ignored}
+    attention = submodule(block, path)
+    output = attention(hidden_states=normed, **arguments) if by_name else attention(normed, **arguments)
+    output = output[0] if isinstance(output, tuple) else output
+    return output if dropout_path is None else submodule(block, dropout_path)(output)
+
+
+def run_mlp(
+    block: nn.Module, normed: torch.Tensor, *, chain: tuple[str, ...], dropout_path: str | None = None
+) -> torch.Tensor:
+    """What a block's MLP adds to the residual: the modules of `chain` applied in turn (one MLP
+    module, or e.g. OPT's fc1, activation, fc2), then the residual dropout module if any."""
+    output = normed
+    for path in chain:
+        output = submodule(block, path)(output)
+    return output if dropout_path is None else submodule(block, dropout_path)(output)
+
+
+def norm_epsilon(norm: nn.Module) -> float:
+    """The epsilon added to the mean square by LayerNorm / RMSNorm implementations."""
+    for attribute in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(norm, attribute, None)
+        if isinstance(value, float | int):
+            return float(value)
+    raise ValueError(f"cannot find the epsilon of norm {type(norm).__name__}")
 
 
 class RMSNormNoScale(nn.Module):
@@ -58,7 +139,7 @@ class WrappedBlock(nn.Module):
     sliced model still runs through the stock HF forward (generation and caches included).
     """
 
-    def __init__(self, block: nn.Module, adapter: FamilyAdapter) -> None:
+    def __init__(self, block: nn.Module, adapter: BlockAdapter) -> None:
         super().__init__()
         self.block = block
         self.adapter = adapter  # stateless; a plain attribute, not a submodule
@@ -93,7 +174,7 @@ class SkipConnectedBlock(WrappedBlock):
     def __init__(
         self,
         block: nn.Module,
-        adapter: FamilyAdapter,
+        adapter: BlockAdapter,
         attn_skip: torch.Tensor | None = None,
         mlp_skip: torch.Tensor | None = None,
     ) -> None:
@@ -130,7 +211,7 @@ class ParallelSkipConnectedBlock(WrappedBlock):
     norm_1 and norm_2 may be one module (Phi-2). A missing skip matrix means the identity.
     """
 
-    def __init__(self, block: nn.Module, adapter: FamilyAdapter, skip: torch.Tensor | None = None) -> None:
+    def __init__(self, block: nn.Module, adapter: BlockAdapter, skip: torch.Tensor | None = None) -> None:
         super().__init__(block, adapter)
         self.skip = _optional_parameter(skip)  # (d_in, d_out)
 
@@ -147,7 +228,7 @@ class ParallelSkipConnectedBlock(WrappedBlock):
         return _skip(hidden_states, self.skip) + attention + mlp
 
 
-def wrap_block(block: nn.Module, adapter: FamilyAdapter) -> SkipConnectedBlock | ParallelSkipConnectedBlock:
+def wrap_block(block: nn.Module, adapter: BlockAdapter) -> SkipConnectedBlock | ParallelSkipConnectedBlock:
     """The skip-connected wrapper matching the block's residual structure, skips at identity."""
     if adapter.is_parallel(block):
         return ParallelSkipConnectedBlock(block, adapter)
