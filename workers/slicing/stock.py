@@ -10,9 +10,10 @@ against the per-layer layout.
 `slice_model_stock` modifies the model in place:
 
 1. one dense pass, block by block (one block on the compute device at a time, calibration
-   activations where the model lives, as in `workers.slicing.engine`), accumulates the pooled
-   second moment of every signal a norm reads: the embedding output, the stream between attention
-   and MLP, and every block output (the last one is what the final norm reads);
+   activations where the model lives, as in `workers.slicing.engine`; one batch's activations on
+   the device at once), accumulates the pooled second moment of every signal a norm reads: the
+   embedding output, the stream between attention and MLP, and every block output (the last one
+   is what the final norm reads);
 2. Q = its eigenvectors, by decreasing eigenvalue;
 3. each norm's scale is folded into the linears reading it, together with sqrt(D / d); the norm
    stays the family's own RMSNorm module with weight 1 over d coordinates and epsilon eps * D / d:
@@ -87,19 +88,30 @@ class PooledMoment:
         self.pooling = pooling
         self.signals = 0
 
-    def add(self, signals: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """One signal over all its batches: [(hidden (B, T, D), keep (B, T) bool)]."""
-        moment = torch.zeros_like(self.matrix)
-        for hidden, keep in signals:
-            x = hidden.to(device=self.matrix.device, dtype=torch.float64)
-            x = x[keep.to(device=x.device, dtype=torch.bool)]  # (positions, D)
-            if self.pooling is Pooling.token:
-                x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-            moment += x.T @ x
+    def open_signal(self) -> torch.Tensor:
+        """An empty moment for one signal, filled batch by batch (`accumulate`), then `close_signal`."""
+        return torch.zeros_like(self.matrix)
+
+    def accumulate(self, moment: torch.Tensor, hidden: torch.Tensor, keep: torch.Tensor) -> None:
+        """One batch of a signal: hidden (B, T, D), keep (B, T) bool (False at padded positions)."""
+        x = hidden.to(device=self.matrix.device, dtype=torch.float64)
+        x = x[keep.to(device=x.device, dtype=torch.bool)]  # (positions, D)
+        if self.pooling is Pooling.token:
+            x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        moment += x.T @ x
+
+    def close_signal(self, moment: torch.Tensor) -> None:
         if self.pooling is Pooling.signal:
             moment /= moment.diagonal().sum().clamp_min(1e-30)
         self.matrix += moment
         self.signals += 1
+
+    def add(self, signal: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One signal over all its batches: [(hidden (B, T, D), keep (B, T) bool)]."""
+        moment = self.open_signal()
+        for hidden, keep in signal:
+            self.accumulate(moment, hidden, keep)
+        self.close_signal(moment)
 
 
 def _check_stock_family(model: PreTrainedModel, adapter: FamilyAdapter) -> None:
@@ -207,16 +219,16 @@ def _pooled_moment(
         block_started = time.perf_counter()
         block.to(compute)
         wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block, branch by branch
-        mids, outs = [], []
+        mids, outs = moment.open_signal(), moment.open_signal()  # (D, D) each, filled batch by batch
         for batch in batches:
             hidden, args, kwargs = move_to((batch.hidden, batch.args, batch.kwargs), compute)
             mid = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
             out = wrapper.mlp_residual(mid)  # (B, T, D)
-            mids.append((mid, batch.keep))
-            outs.append((out, batch.keep))
+            moment.accumulate(mids, mid, batch.keep)
+            moment.accumulate(outs, out, batch.keep)
             batch.hidden = out.to(home)
-        moment.add(mids)
-        moment.add(outs)
+        moment.close_signal(mids)
+        moment.close_signal(outs)
         block.to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
         if progress is not None:
