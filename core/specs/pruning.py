@@ -78,7 +78,7 @@ LAYOUT_DESCRIPTION = (
 )
 KEEP_BASES_DESCRIPTION = (
     "`slicegpt` only (ignored by the other methods): save, next to the sliced model, the kept directions "
-    "of every block-boundary signal (`bases.safetensors`: L + 1 matrices of D x d for `per-layer`, one "
+    "of every block-boundary signal (`slicing_bases.st`: L + 1 matrices of D x d for `per-layer`, one "
     "for `stock`; float32, about 5 % of SmolLM2's per-layer artifact), so that probes of the artifact "
     "compare its blocks with the dense ones. Probes that prune in the job always keep them."
 )

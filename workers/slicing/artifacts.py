@@ -57,7 +57,9 @@ from workers.slicing.portable.modeling_prunecast_sliced import (
 )
 
 WEIGHTS_FILE = "model.safetensors"
-BASES_FILE = "bases.safetensors"  # the kept directions of every block-boundary signal (probes read them)
+# The kept directions of every block-boundary signal (probes read them), in safetensors format but not
+# named *.safetensors: loaders that glob a folder for weight files (serving engines) must not read it.
+BASES_FILE = "slicing_bases.st"
 SLICING_CONFIG_FILE = "slicing_config.json"
 FORMAT = "prunecast-slicegpt"
 FORMAT_VERSION = 1

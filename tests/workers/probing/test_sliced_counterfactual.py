@@ -81,4 +81,4 @@ def test_bases_are_optional_and_a_folder_without_them_says_so(tmp_path: Path) ->
     report = slice_model(sliced, token_ids(4, 16, seed=1), None, 0.25, keep_bases=False)
     assert report.bases is None and "bases" not in report.to_dict()
     save_sliced(sliced, report, tmp_path, source_model_id="tiny/llama", revision=None, calibration={})
-    assert load_bases(tmp_path) is None and not (tmp_path / "bases.safetensors").exists()
+    assert load_bases(tmp_path) is None and not (tmp_path / "slicing_bases.st").exists()

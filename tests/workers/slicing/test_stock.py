@@ -137,6 +137,9 @@ def test_load_sliced_reads_a_stock_folder_with_from_pretrained(exports: dict[str
     description = read_slicing_config(export["folder"])
     assert description["layout"] == "stock" and description["pooling"] == "token"
     assert description["weights_file"] == "model.safetensors"
+    # a loader that globs the folder for weights (serving engines) finds the weights and nothing else
+    assert [path.name for path in export["folder"].glob("*.safetensors")] == ["model.safetensors"]
+    assert description["bases_file"] == "slicing_bases.st"
     loaded = load_sliced(export["folder"])
     with torch.no_grad():
         assert torch.equal(loaded(token_ids(2, 12, seed=2)).logits, export["logits"])
