@@ -102,10 +102,11 @@ def describe_architecture(config: Mapping[str, Any]) -> str:
     return f"{name} (model_type {config.get('model_type')!r})"
 
 
-def unsupported_message(config: Mapping[str, Any], reason: str) -> str:
-    """The one error text used everywhere: what the model is, why it is refused, what works."""
+def unsupported_message(config: Mapping[str, Any], reason: str, *, into: str = "") -> str:
+    """The one error text used everywhere: what the model is, why it is refused (`into`: the layout
+    it is refused in, if only that one), what works."""
     return (
-        f"model uses {describe_architecture(config)}, which SliceGPT cannot slice: {reason}. "
+        f"model uses {describe_architecture(config)}, which SliceGPT cannot slice{into}: {reason}. "
         f"Supported families: {supported_families_text()}"
     )
 
@@ -156,9 +157,7 @@ def stock_layout_refusal(config: Mapping[str, Any]) -> str | None:
     if family is None or family in _STOCK_LAYOUT_FAMILIES:
         return None  # unknown families are refused by `refusal_reason` already
     supported = ", ".join(f.name for f in FAMILIES if f.name in _STOCK_LAYOUT_FAMILIES)
-    return unsupported_message(config, _STOCK_LAYOUT_REASON + supported).replace(
-        "which SliceGPT cannot slice", "which SliceGPT cannot slice into the stock layout", 1
-    )
+    return unsupported_message(config, _STOCK_LAYOUT_REASON + supported, into=" into the stock layout")
 
 
 def family_config_refusal(family: str, config: Mapping[str, Any]) -> str | None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from transformers import PreTrainedModel
@@ -345,7 +346,7 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
     try:
         reloaded = pruner.load(folder, dense.device)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, SafetensorError) as error:  # the weights or the kept bases
         raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
     model, report, layer_map = reloaded.model, reloaded.report, reloaded.layer_map
     check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)

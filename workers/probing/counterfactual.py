@@ -116,11 +116,11 @@ class _BlockCall:
         return block_hidden(block(hidden, *self.args, **self.kwargs))
 
     def run_mapped(self, block: nn.Module, basis_in: torch.Tensor, basis_out: torch.Tensor) -> torch.Tensor:
-        """A sliced block on this call's input mapped into its basis (x B_in), its output mapped back."""
+        """A sliced block on this call's input mapped into its basis (x B_in), its output mapped back;
+        the bases float64 on the input's device (`_bases_on`)."""
         x = self.hidden
-        mapped = (x.double() @ basis_in.to(device=x.device, dtype=torch.float64)).to(x.dtype)
-        out = self.run(block, mapped)
-        return (out.double() @ basis_out.to(device=x.device, dtype=torch.float64).T).to(x.dtype)
+        out = self.run(block, (x.double() @ basis_in).to(x.dtype))
+        return (out.double() @ basis_out.T).to(x.dtype)
 
 
 def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> list[_BlockCall]:
@@ -204,6 +204,17 @@ def counterfactual_unavailable(
     )
 
 
+def _bases_on(bases: Sequence[torch.Tensor] | None, device: torch.device) -> list[torch.Tensor] | None:
+    """The bases float64 on `device`, once each (the stock layout repeats one tensor for every signal)."""
+    if bases is None:
+        return None
+    moved: dict[int, torch.Tensor] = {}
+    for basis in bases:
+        if id(basis) not in moved:
+            moved[id(basis)] = basis.to(device=device, dtype=torch.float64)
+    return [moved[id(basis)] for basis in bases]
+
+
 def _bases_fit(adapter: FamilyAdapter, pruned: nn.Module, bases: Sequence[torch.Tensor] | None) -> bool:
     return bases is not None and len(bases) == len(adapter.blocks(pruned)) + 1
 
@@ -239,11 +250,12 @@ def counterfactual_probe(
     sliced = bases is not None or residual_mismatch(adapter, dense, pruned) is not None
     dense_blocks, pruned_blocks = adapter.blocks(dense), adapter.blocks(pruned)
     check_layer_map(layer_map, len(dense_blocks), len(pruned_blocks))
+    device = model_device(dense)
     if sliced:
         plan = [{"block": "mapped"} if "block" in sublayers else {} for _ in layer_map]
+        bases = _bases_on(bases, device)
     else:
         plan = _plan(adapter, dense_blocks, pruned_blocks, layer_map, sublayers)
-    device = model_device(dense)
     sums = RecordSums("counterfactual")
     total, done = len(input_ids) * len(dense_blocks), 0
     for ids in input_ids:
