@@ -53,7 +53,7 @@ from workers.probing.deviation import (
 )
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
 from workers.slicing.adapters import FamilyAdapter
-from workers.slicing.adapters.base import get_path, set_path
+from workers.slicing.portable.sliced_modules import get_path, set_path
 
 SUBLAYERS = ("attention", "mlp", "block")
 SLICED_SUBLAYERS_REASON = (

@@ -48,7 +48,7 @@ from core.methods import STOCK_LAYOUT
 from core.param_count import predict_dense_param_count, predict_stock_param_count, sliced_width, stock_config
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
-from workers.slicing.adapters.base import config_dict, norm_epsilon
+from workers.slicing.adapters.base import config_dict
 from workers.slicing.engine import (
     ProgressCallback,
     SlicedWidths,
@@ -62,7 +62,7 @@ from workers.slicing.engine import (
 )
 from workers.slicing.fusion import hidden_width, untie_head
 from workers.slicing.pca import principal_basis
-from workers.slicing.portable.sliced_modules import SkipConnectedBlock
+from workers.slicing.portable.sliced_modules import SkipConnectedBlock, norm_epsilon
 from workers.slicing.portable.sliced_weights import tensor_of
 from workers.slicing.weights import fold_norm_into_readers, rotate_embedding, rotate_readers, rotate_writers
 

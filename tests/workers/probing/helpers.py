@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from workers.slicing.adapters import match_structure
-from workers.slicing.adapters.base import get_path
+from workers.slicing.portable.sliced_modules import get_path
 
 
 def prune_copy(

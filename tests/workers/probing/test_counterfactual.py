@@ -20,7 +20,7 @@ from tests.workers.probing.helpers import (
 )
 from workers.probing import ProbeRecord, ProbeStopped, common, counterfactual_probe
 from workers.slicing.adapters import match_structure
-from workers.slicing.adapters.base import get_path, set_path
+from workers.slicing.portable.sliced_modules import get_path, set_path
 
 TEMPERATURE = 1.5
 Loader = Callable[[str], PreTrainedModel]

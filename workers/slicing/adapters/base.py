@@ -5,9 +5,10 @@ decoder blocks, the final norm and the LM head are; inside a block, which norm p
 and which linears read it, which linears write the attention output into the residual stream, and
 the same for the MLP; whether the norms are LayerNorm (the model needs mean removal first) or
 RMSNorm; whether blocks are sequential or parallel-residual; and how to run the attention and
-MLP branches of a block. Everything structural is declared as dotted module paths; only the
-branch calls are code. Adding a family means adding one subclass and listing it in
-`workers.slicing.adapters.ADAPTERS`.
+MLP branches of a block. All of that is data (`portable.sliced_modules.FamilyLayout`: dotted
+module paths and a few flags), which exported checkpoints carry too; code is left only where a
+family's forward needs it (OPT's functional dropout, GPT-2's cross-attention refusal). Adding a
+family means adding one subclass and listing it in `workers.slicing.adapters.ADAPTERS`.
 
 Adapters are recognised from a loaded model's module structure (`matches`) and checked against
 its config and norm behaviour (`problems`), never from the model's name.
@@ -24,20 +25,13 @@ from transformers import PreTrainedModel
 
 from core.families import family_config_refusal, unsupported_message
 from workers.slicing.portable.sliced_modules import (
+    FamilyLayout,
     RMSNormNoScale,
-    WrappedBlock,
     get_path,
     norm_epsilon,
-    run_attention,
-    run_mlp,
-    set_path,
+    unwrap,
 )
 from workers.slicing.portable.sliced_weights import ReadWriteModule
-
-
-def unwrap(block: nn.Module) -> nn.Module:
-    """The original decoder block, whether or not it is wrapped for skip connections."""
-    return block.block if isinstance(block, WrappedBlock) else block
 
 
 def config_dict(model: PreTrainedModel) -> dict[str, Any]:
@@ -48,92 +42,13 @@ def config_dict(model: PreTrainedModel) -> dict[str, Any]:
     return config
 
 
-class FamilyAdapter(ABC):
-    """Where things are in one family's models, and how to run a block's two branches."""
+class FamilyAdapter(FamilyLayout, ABC):
+    """Where things are in one family's models and how to run a block's two branches (the
+    `FamilyLayout` data its subclasses declare), plus what only the engine needs: recognising the
+    family and checking that its norms can be folded."""
 
-    name: ClassVar[str]  # family name, as in core.families
     uses_layernorm: ClassVar[bool]  # LayerNorm (mean removal needed) rather than RMSNorm
-
-    # Paths relative to the *ForCausalLM model.
-    decoder_path: ClassVar[str]  # the module that owns embeddings, blocks and final norm
-    blocks_path: ClassVar[str]  # nn.ModuleList of decoder blocks
-    embedding_paths: ClassVar[tuple[str, ...]]  # token embedding first, then learned positions
-    final_norm_path: ClassVar[str]
-    head_path: ClassVar[str] = "lm_head"
-
-    # Paths relative to one decoder block.
-    attn_norm_path: ClassVar[str]
-    attn_reader_paths: ClassVar[tuple[str, ...]]  # linears reading the attention norm's output
-    attn_writer_paths: ClassVar[tuple[str, ...]]  # linears adding the attention output to the stream
-    mlp_norm_path: ClassVar[str]
-    mlp_reader_paths: ClassVar[tuple[str, ...]]
-    mlp_writer_paths: ClassVar[tuple[str, ...]]
     block_children: ClassVar[frozenset[str]]  # every direct child a block of this family may have
-
-    # How a block's branches are called (`portable.sliced_modules.run_attention` / `run_mlp`); data,
-    # so that an exported checkpoint rebuilds the same calls without this code (`declaration`).
-    attention_path: ClassVar[str] = "self_attn"
-    attention_by_name: ClassVar[bool] = True  # hidden_states= rather than positional
-    attention_ignored: ClassVar[tuple[str, ...]] = ()  # block call arguments the attention does not take
-    attention_dropout_path: ClassVar[str | None] = None
-    mlp_chain: ClassVar[tuple[str, ...]] = ("mlp",)
-    mlp_dropout_path: ClassVar[str | None] = None
-    parallel_attribute: ClassVar[str | None] = None  # block attribute that says parallel, if it varies
-    parallel_default: ClassVar[bool] = False
-
-    # ---- residual structure and the two calls that differ between families --------------------
-
-    def is_parallel(self, block: nn.Module) -> bool:
-        """True if attention and MLP both read the block input (y = x + attn(x) + mlp(x)):
-        such a block has one input basis, one output basis and one skip matrix. Sequential
-        blocks (h = x + attn(x); y = h + mlp(h)) have a basis between attention and MLP too."""
-        if self.parallel_attribute is None:
-            return self.parallel_default
-        return bool(getattr(unwrap(block), self.parallel_attribute, self.parallel_default))
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        """What the block adds to the residual for attention, given the attention norm's output and
-        the block's call arguments by name (attention mask, position info, cache...)."""
-        return run_attention(
-            unwrap(block),
-            normed,
-            call,
-            path=self.attention_path,
-            by_name=self.attention_by_name,
-            ignored=self.attention_ignored,
-            dropout_path=self.attention_dropout_path,
-        )
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        """What the block adds to the residual for the MLP, given the MLP norm's output."""
-        return run_mlp(unwrap(block), normed, chain=self.mlp_chain, dropout_path=self.mlp_dropout_path)
-
-    def declaration(self) -> dict[str, Any]:
-        """Everything structural about this family as plain data: what an exported checkpoint's
-        `DeclaredAdapter` needs to find and call every part without this code."""
-        names = [
-            "name",
-            "decoder_path",
-            "blocks_path",
-            "embedding_paths",
-            "final_norm_path",
-            "head_path",
-            "attn_norm_path",
-            "attn_reader_paths",
-            "attn_writer_paths",
-            "mlp_norm_path",
-            "mlp_reader_paths",
-            "mlp_writer_paths",
-            "attention_path",
-            "attention_by_name",
-            "attention_ignored",
-            "attention_dropout_path",
-            "mlp_chain",
-            "mlp_dropout_path",
-            "parallel_attribute",
-            "parallel_default",
-        ]
-        return {name: getattr(self, name) for name in names}
 
     # ---- recognition --------------------------------------------------------------------------
 
@@ -223,50 +138,6 @@ class FamilyAdapter(ABC):
                 f"{mismatch:.2g}; Gemma-style (1 + weight) scaling, for example), so it cannot be folded"
             )
         return None
-
-    # ---- accessors ----------------------------------------------------------------------------
-
-    def decoder(self, model: nn.Module) -> nn.Module:
-        return get_path(model, self.decoder_path)
-
-    def blocks(self, model: nn.Module) -> nn.ModuleList:
-        return get_path(model, self.blocks_path)
-
-    def embeddings(self, model: nn.Module) -> list[nn.Embedding]:
-        return [get_path(model, path) for path in self.embedding_paths]
-
-    def final_norm(self, model: nn.Module) -> nn.Module:
-        return get_path(model, self.final_norm_path)
-
-    def set_final_norm(self, model: nn.Module, norm: nn.Module) -> None:
-        set_path(model, self.final_norm_path, norm)
-
-    def lm_head(self, model: nn.Module) -> nn.Linear:
-        return get_path(model, self.head_path)
-
-    def attn_norm(self, block: nn.Module) -> nn.Module:
-        return get_path(unwrap(block), self.attn_norm_path)
-
-    def mlp_norm(self, block: nn.Module) -> nn.Module:
-        return get_path(unwrap(block), self.mlp_norm_path)
-
-    def set_attn_norm(self, block: nn.Module, norm: nn.Module) -> None:
-        set_path(unwrap(block), self.attn_norm_path, norm)
-
-    def set_mlp_norm(self, block: nn.Module, norm: nn.Module) -> None:
-        set_path(unwrap(block), self.mlp_norm_path, norm)
-
-    def attn_readers(self, block: nn.Module) -> list[nn.Module]:
-        return [get_path(unwrap(block), path) for path in self.attn_reader_paths]
-
-    def attn_writers(self, block: nn.Module) -> list[nn.Module]:
-        return [get_path(unwrap(block), path) for path in self.attn_writer_paths]
-
-    def mlp_readers(self, block: nn.Module) -> list[nn.Module]:
-        return [get_path(unwrap(block), path) for path in self.mlp_reader_paths]
-
-    def mlp_writers(self, block: nn.Module) -> list[nn.Module]:
-        return [get_path(unwrap(block), path) for path in self.mlp_writer_paths]
 
     def norm_scale_shift(self, norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(scale a, shift b) of a norm: y = normalise(x) * a + b. None where absent."""

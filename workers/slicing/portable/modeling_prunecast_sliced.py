@@ -38,15 +38,11 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import cached_file
 
 from .sliced_modules import (
+    FamilyLayout,
     ParallelSkipConnectedBlock,
     RMSNormNoScale,
     SkipConnectedBlock,
-    WrappedBlock,
-    get_path,
     norm_epsilon,
-    run_attention,
-    run_mlp,
-    set_path,
 )
 from .sliced_weights import bias_of, set_embedding, set_weight_out_in, weight_out_in
 
@@ -69,95 +65,6 @@ class PrunecastSlicedConfig(PretrainedConfig):
         self.base_config = dict(base_config or {})  # the dense model's config, head untied
         self.sliced = dict(sliced or {})  # {"widths": ..., "adapter": declaration, "weights_file": ...}
         super().__init__(**kwargs)
-
-
-def unwrap(block: nn.Module) -> nn.Module:
-    return block.block if isinstance(block, WrappedBlock) else block
-
-
-class DeclaredAdapter:
-    """A family adapter rebuilt from its declaration: the accessors and branch calls the rebuild and
-    the skip-connected blocks use, with no family code (residual dropouts run as the modules they
-    are; OPT's functional dropout is left out, which is exact in eval mode)."""
-
-    def __init__(self, declaration: dict[str, Any]) -> None:
-        self.declaration = declaration
-        self.name = str(declaration["name"])
-
-    def _paths(self, key: str) -> tuple[str, ...]:
-        return tuple(self.declaration[key])
-
-    def blocks(self, model: nn.Module) -> nn.ModuleList:
-        blocks = get_path(model, self.declaration["blocks_path"])
-        assert isinstance(blocks, nn.ModuleList)
-        return blocks
-
-    def embeddings(self, model: nn.Module) -> list[nn.Embedding]:
-        return [get_path(model, path) for path in self._paths("embedding_paths")]
-
-    def lm_head(self, model: nn.Module) -> nn.Linear:
-        head = get_path(model, self.declaration["head_path"])
-        assert isinstance(head, nn.Linear)
-        return head
-
-    def final_norm(self, model: nn.Module) -> nn.Module:
-        return get_path(model, self.declaration["final_norm_path"])
-
-    def set_final_norm(self, model: nn.Module, norm: nn.Module) -> None:
-        set_path(model, self.declaration["final_norm_path"], norm)
-
-    def attn_norm(self, block: nn.Module) -> nn.Module:
-        return get_path(unwrap(block), self.declaration["attn_norm_path"])
-
-    def mlp_norm(self, block: nn.Module) -> nn.Module:
-        return get_path(unwrap(block), self.declaration["mlp_norm_path"])
-
-    def set_attn_norm(self, block: nn.Module, norm: nn.Module) -> None:
-        set_path(unwrap(block), self.declaration["attn_norm_path"], norm)
-
-    def set_mlp_norm(self, block: nn.Module, norm: nn.Module) -> None:
-        set_path(unwrap(block), self.declaration["mlp_norm_path"], norm)
-
-    def _modules(self, block: nn.Module, key: str) -> list[nn.Module]:
-        return [get_path(unwrap(block), path) for path in self._paths(key)]
-
-    def attn_readers(self, block: nn.Module) -> list[nn.Module]:
-        return self._modules(block, "attn_reader_paths")
-
-    def attn_writers(self, block: nn.Module) -> list[nn.Module]:
-        return self._modules(block, "attn_writer_paths")
-
-    def mlp_readers(self, block: nn.Module) -> list[nn.Module]:
-        return self._modules(block, "mlp_reader_paths")
-
-    def mlp_writers(self, block: nn.Module) -> list[nn.Module]:
-        return self._modules(block, "mlp_writer_paths")
-
-    def is_parallel(self, block: nn.Module) -> bool:
-        attribute, default = (
-            self.declaration["parallel_attribute"],
-            bool(self.declaration["parallel_default"]),
-        )
-        return default if attribute is None else bool(getattr(unwrap(block), attribute, default))
-
-    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
-        return run_attention(
-            unwrap(block),
-            normed,
-            call,
-            path=self.declaration["attention_path"],
-            by_name=bool(self.declaration["attention_by_name"]),
-            ignored=self._paths("attention_ignored"),
-            dropout_path=self.declaration["attention_dropout_path"],
-        )
-
-    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
-        return run_mlp(
-            unwrap(block),
-            normed,
-            chain=self._paths("mlp_chain"),
-            dropout_path=self.declaration["mlp_dropout_path"],
-        )
 
 
 @contextmanager
@@ -219,7 +126,7 @@ def apply_sliced_structure(
     """Make a freshly built dense model (parameters on meta) take the sliced model's structure:
     untied head, weight-free norms, sliced shapes, skip-connected blocks. `widths` is the width of
     every signal (`SlicedWidths.to_dict`); `state` (the saved tensors) is only consulted for biases
-    that folding added. `adapter` is a `FamilyAdapter` or a `DeclaredAdapter`."""
+    that folding added. `adapter` is a `FamilyAdapter` or a `FamilyLayout` rebuilt from its declaration."""
     blocks = adapter.blocks(model)
     like = adapter.embeddings(model)[0].weight
     for index, block_widths in enumerate(widths["blocks"]):
@@ -300,7 +207,7 @@ class PrunecastSlicedForCausalLM(PreTrainedModel):
         weights = cached_file(str(pretrained_model_name_or_path), sliced["weights_file"])
         assert weights is not None
         state = safetensors.torch.load_file(weights)
-        adapter = DeclaredAdapter(sliced["adapter"])
+        adapter = FamilyLayout.from_declaration(sliced["adapter"])
         model: Any = build_sliced_model(config.base_config, adapter, sliced["widths"], state)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         if isinstance(dtype, str) and dtype != "auto":

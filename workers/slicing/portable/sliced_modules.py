@@ -20,7 +20,7 @@ states, because HF records them with hooks on its own block classes, which the w
 from __future__ import annotations
 
 import inspect
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -233,3 +233,148 @@ def wrap_block(block: nn.Module, adapter: BlockAdapter) -> SkipConnectedBlock | 
     if adapter.is_parallel(block):
         return ParallelSkipConnectedBlock(block, adapter)
     return SkipConnectedBlock(block, adapter)
+
+
+def unwrap(block: nn.Module) -> nn.Module:
+    """The original decoder block, whether or not it is wrapped for skip connections."""
+    return block.block if isinstance(block, WrappedBlock) else block
+
+
+class FamilyLayout:
+    """Where one family's parts are and how a block's branches are called, as data (dotted module
+    paths and flags), with the accessors and branch calls that read it. The engine's
+    `FamilyAdapter` subclasses it with a family's class attributes; an exported checkpoint rebuilds
+    one from its `declaration` (`from_declaration`), so both find and call every part alike.
+    (Residual dropout runs as the module it is; OPT's functional dropout is its adapter's own code,
+    an identity in eval mode, where exported checkpoints run.)"""
+
+    name: ClassVar[str]  # family name, as in core.families
+
+    # Paths relative to the *ForCausalLM model.
+    decoder_path: ClassVar[str]  # the module that owns embeddings, blocks and final norm
+    blocks_path: ClassVar[str]  # nn.ModuleList of decoder blocks
+    embedding_paths: ClassVar[tuple[str, ...]]  # token embedding first, then learned positions
+    final_norm_path: ClassVar[str]
+    head_path: ClassVar[str] = "lm_head"
+
+    # Paths relative to one decoder block.
+    attn_norm_path: ClassVar[str]
+    attn_reader_paths: ClassVar[tuple[str, ...]]  # linears reading the attention norm's output
+    attn_writer_paths: ClassVar[tuple[str, ...]]  # linears adding the attention output to the stream
+    mlp_norm_path: ClassVar[str]
+    mlp_reader_paths: ClassVar[tuple[str, ...]]
+    mlp_writer_paths: ClassVar[tuple[str, ...]]
+
+    # How a block's branches are called (`run_attention` / `run_mlp`).
+    attention_path: ClassVar[str] = "self_attn"
+    attention_by_name: ClassVar[bool] = True  # hidden_states= rather than positional
+    attention_ignored: ClassVar[tuple[str, ...]] = ()  # block call arguments the attention does not take
+    attention_dropout_path: ClassVar[str | None] = None
+    mlp_chain: ClassVar[tuple[str, ...]] = ("mlp",)
+    mlp_dropout_path: ClassVar[str | None] = None
+    parallel_attribute: ClassVar[str | None] = None  # block attribute that says parallel, if it varies
+    parallel_default: ClassVar[bool] = False
+
+    DECLARED: ClassVar[tuple[str, ...]] = (
+        "name",
+        "decoder_path",
+        "blocks_path",
+        "embedding_paths",
+        "final_norm_path",
+        "head_path",
+        "attn_norm_path",
+        "attn_reader_paths",
+        "attn_writer_paths",
+        "mlp_norm_path",
+        "mlp_reader_paths",
+        "mlp_writer_paths",
+        "attention_path",
+        "attention_by_name",
+        "attention_ignored",
+        "attention_dropout_path",
+        "mlp_chain",
+        "mlp_dropout_path",
+        "parallel_attribute",
+        "parallel_default",
+    )
+
+    def declaration(self) -> dict[str, Any]:
+        """Everything above as plain data (what an exported checkpoint's config.json holds)."""
+        return {key: getattr(self, key) for key in self.DECLARED}
+
+    @classmethod
+    def from_declaration(cls, declaration: dict[str, Any]) -> FamilyLayout:
+        """The layout a `declaration` describes (JSON lists back to tuples)."""
+        values = {key: tuple(v) if isinstance(v, list) else v for key, v in declaration.items()}
+        return type(f"Declared{cls.__name__}", (cls,), {key: values[key] for key in cls.DECLARED})()
+
+    # ---- accessors ----------------------------------------------------------------------------
+
+    def decoder(self, model: nn.Module) -> nn.Module:
+        return get_path(model, self.decoder_path)
+
+    def blocks(self, model: nn.Module) -> nn.ModuleList:
+        return get_path(model, self.blocks_path)
+
+    def embeddings(self, model: nn.Module) -> list[nn.Embedding]:
+        return [get_path(model, path) for path in self.embedding_paths]
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        return get_path(model, self.final_norm_path)
+
+    def set_final_norm(self, model: nn.Module, norm: nn.Module) -> None:
+        set_path(model, self.final_norm_path, norm)
+
+    def lm_head(self, model: nn.Module) -> nn.Linear:
+        return get_path(model, self.head_path)
+
+    def attn_norm(self, block: nn.Module) -> nn.Module:
+        return get_path(unwrap(block), self.attn_norm_path)
+
+    def mlp_norm(self, block: nn.Module) -> nn.Module:
+        return get_path(unwrap(block), self.mlp_norm_path)
+
+    def set_attn_norm(self, block: nn.Module, norm: nn.Module) -> None:
+        set_path(unwrap(block), self.attn_norm_path, norm)
+
+    def set_mlp_norm(self, block: nn.Module, norm: nn.Module) -> None:
+        set_path(unwrap(block), self.mlp_norm_path, norm)
+
+    def attn_readers(self, block: nn.Module) -> list[nn.Module]:
+        return [get_path(unwrap(block), path) for path in self.attn_reader_paths]
+
+    def attn_writers(self, block: nn.Module) -> list[nn.Module]:
+        return [get_path(unwrap(block), path) for path in self.attn_writer_paths]
+
+    def mlp_readers(self, block: nn.Module) -> list[nn.Module]:
+        return [get_path(unwrap(block), path) for path in self.mlp_reader_paths]
+
+    def mlp_writers(self, block: nn.Module) -> list[nn.Module]:
+        return [get_path(unwrap(block), path) for path in self.mlp_writer_paths]
+
+    # ---- residual structure and branch calls --------------------------------------------------
+
+    def is_parallel(self, block: nn.Module) -> bool:
+        """True if attention and MLP both read the block input (y = x + attn(x) + mlp(x)):
+        such a block has one input basis, one output basis and one skip matrix. Sequential
+        blocks (h = x + attn(x); y = h + mlp(h)) have a basis between attention and MLP too."""
+        if self.parallel_attribute is None:
+            return self.parallel_default
+        return bool(getattr(unwrap(block), self.parallel_attribute, self.parallel_default))
+
+    def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
+        """What the block adds to the residual for attention, given the attention norm's output and
+        the block's call arguments by name (attention mask, position info, cache...)."""
+        return run_attention(
+            unwrap(block),
+            normed,
+            call,
+            path=self.attention_path,
+            by_name=self.attention_by_name,
+            ignored=self.attention_ignored,
+            dropout_path=self.attention_dropout_path,
+        )
+
+    def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
+        """What the block adds to the residual for the MLP, given the MLP norm's output."""
+        return run_mlp(unwrap(block), normed, chain=self.mlp_chain, dropout_path=self.mlp_dropout_path)
