@@ -60,6 +60,23 @@ def _migrate(_: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _import_published(_: argparse.Namespace) -> int:
+    from core.published import import_published
+    from core.settings import get_settings
+    from core.store import Store
+
+    store = Store(get_settings().store_url)
+    try:
+        with store.session() as session:
+            added = import_published(session)
+    finally:
+        store.dispose()
+    for label in added:
+        print(f"imported {label}")
+    print("every published curve is in the store" if not added else f"{len(added)} curve(s) imported")
+    return EXIT_OK
+
+
 def _client(args: argparse.Namespace) -> Any:
     import httpx
 
@@ -297,6 +314,19 @@ def _print_prediction_table(answer: dict[str, Any]) -> None:
             print(f"  fitted on {fitted}")
         if metric["strict_law"]:
             print(f"  {metric['strict_law']['verdict']}")
+        _print_before_pruning(metric.get("before_pruning"))
+
+
+def _print_before_pruning(before: dict[str, Any] | None) -> None:
+    """The chosen profile predictor's values, when the model has a stored profile."""
+    if not before or before["chosen"] is None:
+        return
+    chosen = next(p for p in before["predictors"] if p["predictor"] == before["chosen"])
+    values = ", ".join(
+        f"{p['sparsity']:g}: {_fmt(p['value'])} [{_fmt(p['band'][0])}, {_fmt(p['band'][1])}]"
+        for p in chosen["predictions"]
+    )
+    print(f"  from the profile ({before['chosen']}; {before['reason']}): {values}")
 
 
 def _fmt(value: float | None) -> str:
@@ -375,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", help="bring the store's schema up to date")
     migrate.set_defaults(run=_migrate)
+
+    published = commands.add_parser(
+        "import-published",
+        help="store the published pruning curves (core/published.py) as `source: published` results",
+    )
+    published.set_defaults(run=_import_published)
 
     for name, handler, helptext in (
         ("submit", _submit, "submit a job (JSON) to a server"),

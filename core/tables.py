@@ -28,7 +28,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
@@ -144,7 +144,9 @@ class Result(Base):
     value: Mapped[float] = mapped_column(Float)
     stderr: Mapped[float | None] = mapped_column(Float, default=None)
     n: Mapped[int | None] = mapped_column(Integer, default=None)
-    source: Mapped[str] = mapped_column(String(16), default="measured")  # measured | predicted
+    source: Mapped[str] = mapped_column(
+        String(16), default="measured"
+    )  # measured | published (core.published)
     law: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -209,3 +211,45 @@ class Fit(Base):
     quality: Mapped[dict[str, Any]] = mapped_column(JSON)
     chosen_reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Profile(Base):
+    """A dense model's profile under one calibration (a `profile` job, `workers.profiling`): what
+    slicing would discard at every width, read by the feature laws (`core.feature_laws`)."""
+
+    __tablename__ = "profiles"
+    __table_args__ = (Index("ix_profiles_model_id", "model_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[str] = mapped_column(String(512))
+    model_revision: Mapped[str | None] = mapped_column(String(128), default=None)
+    family: Mapped[str] = mapped_column(String(64))
+    hidden_size: Mapped[int] = mapped_column(Integer)
+    num_layers: Mapped[int] = mapped_column(Integer)
+    # The calibration record (corpus, sha256, windows, seqlen, seed), round_to, lens tokens, dtype,
+    # device, timings and versions: a profile predicts prunings calibrated the same way.
+    protocol: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    sparsities: Mapped[list[float]] = mapped_column(JSON)  # the lens readings' sparsities
+    widths: Mapped[list[int]] = mapped_column(JSON)  # d per sparsity
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    signals: Mapped[list[ProfileSignal]] = relationship(
+        back_populates="profile", cascade="all, delete-orphan", order_by="ProfileSignal.position"
+    )
+
+
+class ProfileSignal(Base):
+    """One residual signal of a profile: its spectrum, token energies and lens readings."""
+
+    __tablename__ = "profile_signals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)  # 0 the embedding output, then along the stream
+    kind: Mapped[str] = mapped_column(String(16))  # embedding | pre-mlp | output
+    layer: Mapped[int | None] = mapped_column(Integer, default=None)
+    eigenvalues: Mapped[list[float]] = mapped_column(JSON)  # of C / positions, descending
+    token_energy: Mapped[list[float]] = mapped_column(JSON)  # per eigenvector, sums to 1
+    lens: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{width, kl, kl_taylor, nll_increase}]
+    profile: Mapped[Profile] = relationship(back_populates="signals")

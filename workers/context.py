@@ -29,7 +29,7 @@ from core import lifecycle
 from core.artifacts import remove_job_files
 from core.settings import Settings
 from core.store import Store, is_outage
-from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Result
+from core.tables import Artifact, Fit, Job, JobStatus, ProbePoint, Profile, Result
 
 log = structlog.get_logger(__name__)
 
@@ -212,9 +212,16 @@ class JobContext:
         """Record a probe's measurements."""
         self._add_rows(points, "probe points")
 
+    def add_profiles(self, profiles: Sequence[Profile]) -> None:
+        """Record dense profiles, their signals with them."""
+        for profile in profiles:
+            for signal in profile.signals:
+                signal.job_id = self.job_id
+        self._add_rows(profiles, "profiles")
+
     def _add_rows(
         self,
-        rows: Sequence[Result | Artifact | Fit | ProbePoint],
+        rows: Sequence[Result | Artifact | Fit | ProbePoint | Profile],
         what: str,
         *,
         replacing: Delete | None = None,

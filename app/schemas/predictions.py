@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.schemas.jobs import JobPublic
+from app.schemas.profiles import BeforePruningPublic
 from core.methods import DEFAULT_METHOD
 from core.specs.common import StrictModel
 from core.specs.pruning import StoredMethod
@@ -222,6 +223,12 @@ class MetricPredictionPublic(BaseModel):
     predictions: list[PredictedPublic]
     flags: list[str]
     notes: list[str]
+    before_pruning: BeforePruningPublic | None = Field(
+        None,
+        description="Perplexity of `slicegpt` with a stored profile of the model: the feature laws' "
+        "predictions from its dense profile, each with its coefficient and backtest error, the one with "
+        "the lowest backtest error named in `chosen` (null: no profile; submit a `profile` job).",
+    )
 
 
 class PredictionPublic(BaseModel):
@@ -262,3 +269,11 @@ class CurvePublic(BaseModel):
     calibration: CalibrationPublic | None
     flags: list[str]
     notes: list[str]
+    profile_predictor: str | None = Field(
+        None,
+        description="`slicegpt` perplexity with a stored profile: the chosen feature law "
+        "(see `before_pruning` of a prediction).",
+    )
+    profile_predicted: list[CurvePointPublic] | None = Field(
+        None, description="Its predictions with band, up to the profile's largest sparsity."
+    )

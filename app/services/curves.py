@@ -7,17 +7,22 @@ from typing import Literal
 
 from app.deps import Services
 from app.problems import ProblemError
-from app.schemas.predictions import CurvePublic
+from app.schemas.predictions import CurvePointPublic, CurvePublic
+from app.services.profiles import newest_profiles, predict_before_pruning
 from app.services.series import (
+    CURVE_GRID,
     PPL,
     Selector,
+    Series,
     SeriesError,
     build_curve,
     calibrate,
+    finite,
     load_series,
     pooled_accuracy_prior,
 )
 from core.laws import DEFAULT_LEVEL
+from core.specs.profile import PROFILED_METHOD
 
 
 def load_curve(
@@ -52,11 +57,41 @@ def load_curve(
     if metric != PPL and not any(p.value > (series.chance or 0.0) for p in series.pruned):
         prior = pooled_accuracy_prior(services.store, method, metric, (series.model, str(task)))
     try:
-        return build_curve(series, calibrate(series, prior), level)
+        curve = build_curve(series, calibrate(series, prior), level)
     except SeriesError as error:
         raise ProblemError(
             409, f"the stored points cannot be fitted: {error}", slug="unfittable-points"
         ) from error
+    if metric == PPL and method == PROFILED_METHOD:
+        curve.profile_predictor, curve.profile_predicted = _profile_curve(services, series, level)
+    return curve
+
+
+def _profile_curve(
+    services: Services, series: Series, level: float
+) -> tuple[str | None, list[CurvePointPublic] | None]:
+    """The chosen feature law of the model's newest profile on the curve grid, up to the profile's
+    largest sparsity (its lens readings end there)."""
+    assert series.dense is not None
+    with services.store.session() as session:
+        profiles = newest_profiles(session, [series.model])
+        if not profiles:
+            return None, None
+        top = max(max(p.row.sparsities) for p in profiles.values())
+        grid = [s for s in CURVE_GRID if s <= top + 1e-9]
+        answer = predict_before_pruning(
+            session, [series.model], series.method, series.dense.value, grid, level
+        )
+    chosen = (
+        None if answer is None else next((a for a in answer.predictors if a.predictor == answer.chosen), None)
+    )
+    if chosen is None:
+        return None, None
+    points = [
+        CurvePointPublic(sparsity=s, value=finite(p.value), low=finite(p.band[0]), high=finite(p.band[1]))
+        for s, _, p in chosen.values
+    ]
+    return chosen.predictor, points
 
 
 def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dtype: str | None) -> Selector:

@@ -23,7 +23,8 @@ from core import lifecycle
 from core.artifacts import remove_job_files
 from core.methods import METHODS
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
-from core.specs import JobCreate, ProbeJobCreate, PruneJobCreate, SweepJobCreate
+from core.specs import JobCreate, ProbeJobCreate, ProfileJobCreate, PruneJobCreate, SweepJobCreate
+from core.specs.profile import PROFILED_METHOD
 from core.store import is_outage
 from core.tables import Artifact, Job, JobStatus
 
@@ -113,7 +114,7 @@ def _replay(existing: Job, digest: str) -> Job:
 
 def check_submission(services: Services, job: JobCreate, source: ModelSource) -> None:
     """Refuse now what the worker would refuse later: a model the method cannot prune (when its
-    config is at hand), and a probe's artifact job that has no artifact to probe."""
+    config is at hand; for a profile, slicing), and a probe's artifact job that has no artifact."""
     if isinstance(job, PruneJobCreate | SweepJobCreate):
         sparsities = [job.sparsity] if isinstance(job, PruneJobCreate) else job.sparsities
         check_prunable(source, job.method, sparsities, job.round_to, job.layout)
@@ -123,6 +124,8 @@ def check_submission(services: Services, job: JobCreate, source: ModelSource) ->
         if job.artifact_job_id is not None:
             with services.store.sessions() as session:
                 check_artifact_job(session, job.artifact_job_id, source.model_id)
+    elif isinstance(job, ProfileJobCreate):  # a profile measures what slicing would discard
+        check_prunable(source, PROFILED_METHOD, job.sparsities, job.round_to)
 
 
 def check_prunable(

@@ -26,7 +26,9 @@ from app.schemas.predictions import (
     PredictionCreate,
     PredictionPublic,
 )
+from app.schemas.profiles import BeforePruningPublic
 from app.services.jobs import create_job
+from app.services.profiles import before_pruning_public, predict_before_pruning
 from app.services.series import (
     PPL,
     Selector,
@@ -44,8 +46,10 @@ from app.services.series import (
     strict_value,
 )
 from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
+from core.methods import stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
 from core.specs import JobCreate
+from core.specs.profile import PROFILED_METHOD
 from core.store import Store
 from core.tables import Job, JobStatus
 
@@ -88,8 +92,22 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
         if s.metric != PPL and not any(p.value > (s.chance or 0.0) for p in s.pruned)
     }
     items = [_metric_prediction(series[key], body, priors.get(key)) for key in wanted]
+    for item in items:
+        if item.metric == PPL and body.method == PROFILED_METHOD:
+            item.before_pruning = _before_pruning(store, [model, body.model], body, item.baseline.value)
     answer = PredictionPublic(model=model, method=body.method, level=body.level, metrics=items)
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+def _before_pruning(
+    store: Store, model_ids: list[str], body: PredictionCreate, ppl0: float
+) -> BeforePruningPublic | None:
+    """The profile-based predictions (app.services.profiles), when the model has a stored profile."""
+    with store.session() as session:
+        answer = predict_before_pruning(
+            session, sorted(set(model_ids)), body.method, ppl0, body.sparsities, body.level
+        )
+    return None if answer is None else before_pruning_public(answer)
 
 
 def _caller_series(body: PredictionCreate) -> dict[SeriesKey, Series]:
@@ -274,6 +292,13 @@ def _metric_prediction(
         flags.extend(calibration.flags)
     if strict_law is not None and (strict_law.max_abs_rel_error or 0.0) > STRICT_OFF_FLAG:
         flags.append("strict_law_off")
+    entry = stored_method_entry(series.method)
+    if series.metric == PPL and entry is not None and not entry.strict_law_applies:
+        flags.append("strict_law_not_for_method")
+        notes.append(
+            f"the strict law is a slicing law; for {series.method} it is shown for reference only and the "
+            "calibrated law (an empirical curve of this method) is the prediction"
+        )
     # what every prediction of this metric would repeat (law choice, its notes) is said once, here
     shared = _shared_notes(series, calibration)
     notes.extend(

@@ -14,8 +14,10 @@ from app.schemas.results import ResultPublic
 from app.services.curves import load_curve
 from app.services.jobs import get_job
 from app.services.probes import probe_section
+from app.services.profiles import find_profile
 from app.services.series import ACCURACY_METRICS, PPL, Selector
 from app.views.curve_plots import inline_svg
+from app.views.profile_plots import profile_svg
 from app.views.report import CurveSection, render_report
 from core.methods import DEFAULT_METHOD, DENSE
 from core.tables import Result
@@ -31,6 +33,8 @@ def job_report_html(services: Services, job_id: str) -> str:
         public = JobPublic.model_validate(job)
         results = [ResultPublic.model_validate(row) for row in rows]
     curves = [_section(services, target) for target in curve_targets(results)[:MAX_CURVES]]
+    if public.kind == "profile":
+        curves.append(_profile_section(services, public))
     probes = probe_section(services.store, job)
     return render_report(public, results, curves, probes)
 
@@ -60,6 +64,23 @@ def curve_targets(results: list[ResultPublic]) -> list[dict[str, Any]]:
             target = {"model": r.model, "method": method, "metric": r.metric, "task": task}
             targets.setdefault(key, {**target, "selector": selector})
     return list(targets.values())
+
+
+def _profile_section(services: Services, job: JobPublic) -> CurveSection:
+    """A profile job's heatmap: what slicing to each width would discard, per signal."""
+    heading = f"{job.model} - profile - discarded token energy per signal and width"
+    with services.store.sessions() as session:
+        profile = find_profile(session, services.settings, job.model, job.id, {})
+    if profile is None:
+        return CurveSection(heading, None, ("no profile stored (yet) by this job",))
+    svg = profile_svg(profile)
+    notes = (
+        f"calibration: {profile.calibration.get('corpus')} {profile.calibration.get('num_sequences')} x "
+        f"{profile.calibration.get('seqlen')}, seed {profile.calibration.get('seed')}; lens tokens "
+        f"{profile.row.protocol.get('lens_tokens')}",
+        "GET /v1/models/<model>/profile has the numbers; POST /v1/predictions uses them",
+    )
+    return CurveSection(heading, svg[svg.index("<svg") :], notes)
 
 
 def _section(services: Services, target: dict[str, Any]) -> CurveSection:

@@ -23,6 +23,7 @@ PNG_DPI = 110
 MEASURED_COLOR = "#111111"
 STRICT_COLOR = "#c0392b"
 CALIBRATED_COLOR = "#1f5fa8"
+PROFILE_COLOR = "#2e8b57"
 
 _configured = False
 
@@ -98,6 +99,14 @@ def figure(curve: CurvePublic) -> Figure:
         ys = [p.value if p.value is not None else math.nan for p in curve.calibrated]
         law = curve.calibration.law if curve.calibration else "calibrated"
         ax.plot(xs, ys, color=CALIBRATED_COLOR, linewidth=2, label=f"calibrated law ({law})")
+    if curve.profile_predicted:
+        xs = [p.sparsity for p in curve.profile_predicted]
+        lo = [p.low if p.low is not None else low for p in curve.profile_predicted]
+        hi = [p.high if p.high is not None else high for p in curve.profile_predicted]
+        ax.fill_between(xs, lo, hi, color=PROFILE_COLOR, alpha=0.15, linewidth=0)
+        ys = [p.value if p.value is not None else math.nan for p in curve.profile_predicted]
+        label = f"from the profile ({curve.profile_predictor})"
+        ax.plot(xs, ys, color=PROFILE_COLOR, linewidth=1.8, linestyle="-.", label=label)
     if curve.strict:
         xs = [p.sparsity for p in curve.strict]
         ys = [p.value if p.value is not None else math.nan for p in curve.strict]

@@ -4,6 +4,7 @@ workers (which validate the stored request again before they run it)."""
 from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, PerplexitySpec, StrictModel
 from core.specs.jobs import JOB_KINDS, EvaluateJobCreate, JobCreate, PruneJobCreate, SweepJobCreate
 from core.specs.probe import ProbeJobCreate
+from core.specs.profile import ProfileJobCreate
 
 __all__ = [
     "JOB_KINDS",
@@ -14,6 +15,7 @@ __all__ = [
     "ModelSpec",
     "PerplexitySpec",
     "ProbeJobCreate",
+    "ProfileJobCreate",
     "PruneJobCreate",
     "StrictModel",
     "SweepJobCreate",

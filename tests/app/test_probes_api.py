@@ -96,12 +96,6 @@ def test_inconsistent_pruning_options_are_a_422_saying_why(
     assert api.get("/v1/jobs").json()["items"] == []
 
 
-def test_sweeps_stay_slicegpt_only(api: TestClient, tiny_model_dir: Path) -> None:
-    body = {"kind": "sweep", "model": str(tiny_model_dir), "method": "wanda", "sparsities": [0.1, 0.2]}
-    problem = assert_problem(api.post("/v1/jobs", json=body), 422)
-    assert any(error["loc"][-1] == "method" for error in problem["errors"])
-
-
 def test_dropping_every_layer_is_refused_at_submit(api: TestClient, tiny_model_dir: Path) -> None:
     # The tiny Llama has 2 layers: round(0.9 * 2) = 2 removes them all.
     body = assert_problem(api.post("/v1/jobs", json=prune_body(str(tiny_model_dir), "shortgpt", 0.9)), 422)

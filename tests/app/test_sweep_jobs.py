@@ -244,3 +244,26 @@ def test_sweep_with_accuracy_scores_every_sparsity_against_one_dense_accuracy_an
         (0.0, dense["id"]),
         *((s, by_key[("slicegpt", s, "acc", "arc_easy")]["id"]) for s in (0.1, 0.5)),
     ]
+
+
+@pytest.mark.parametrize(("method", "sparsities"), [("wanda", [0.3, 0.5]), ("shortgpt", [0.5])])
+def test_every_method_sweeps_and_its_fit_is_an_empirical_curve_without_the_strict_law(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path, method: str, sparsities: list[float]
+) -> None:
+    worker = start_worker()
+    job = api.post("/v1/jobs", json=sweep_body(str(tiny_model_dir), sparsities, method=method)).json()
+    wait_done(api, job["id"], worker)
+    pruned = [
+        r for r in items(api, f"/v1/jobs/{job['id']}/results") if r["metric"] == "ppl" and r["sparsity"] > 0
+    ]
+    assert sorted(r["sparsity"] for r in pruned) == sparsities and {r["method"] for r in pruned} == {method}
+    [fit] = items(api, "/v1/fits", job_id=job["id"])
+    assert fit["method"] == method and fit["law"].startswith("empirical-")
+    assert "strict" not in fit["quality"] and "strict law is a slicing law" in fit["chosen_reason"]
+    assert "round_to" not in fit["protocol"] and fit["protocol"]["calibration"]["num_sequences"] == 4
+
+
+def test_a_sweep_that_drops_every_layer_is_refused_at_submit(api: TestClient, tiny_model_dir: Path) -> None:
+    body = sweep_body(str(tiny_model_dir), [0.5, 0.9], method="shortgpt")  # round(0.9 * 2) = both layers
+    problem = assert_problem(api.post("/v1/jobs", json=body), 422)
+    assert problem["type"].endswith("/invalid-sparsity")

@@ -30,8 +30,11 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0004 added jobs.progress_at, 0003 probe_points.probe.
-BEFORE_0004 = {**EXPECTED, "jobs": EXPECTED["jobs"] - {"progress_at"}}
+# Revision 0005 added the profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0005 = {
+    name: columns for name, columns in EXPECTED.items() if name not in ("profiles", "profile_signals")
+}
+BEFORE_0004 = {**BEFORE_0005, "jobs": EXPECTED["jobs"] - {"progress_at"}}
 BEFORE_0003 = {**BEFORE_0004, "probe_points": EXPECTED["probe_points"] - {"probe"}}
 
 
@@ -187,3 +190,21 @@ def test_progress_at_migration_keeps_running_jobs_and_downgrades_back(
     store.dispose()
     command.downgrade(alembic_config(url), "0003")
     assert _schema(url) == BEFORE_0004
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_profiles_migration_adds_the_profile_tables_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0004")
+    assert _schema(url) == BEFORE_0005
+    store = Store(url)
+    _insert_job(store, "job-1", "sweep", status="succeeded")
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    with store.session() as session:
+        assert session.get(Job, "job-1") is not None
+    store.dispose()
+    command.downgrade(alembic_config(url), "0004")
+    assert _schema(url) == BEFORE_0005

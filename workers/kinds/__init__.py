@@ -16,6 +16,7 @@ HANDLER_MODULES = {
     "prune": "workers.kinds.prune",
     "sweep": "workers.kinds.sweep",
     "probe": "workers.kinds.probe",
+    "profile": "workers.kinds.profile",
 }
 # Kinds whose handler resumes from what an earlier attempt stored; every other kind starts over,
 # and what its earlier attempts stored is discarded first.

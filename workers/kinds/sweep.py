@@ -1,5 +1,8 @@
 """`sweep` jobs: prune a model at several sparsities, measure each, fit the prediction laws.
 
+Every method sweeps: the stage of each point is the method's ("slicing" or "pruning"); the fits of
+methods other than slicing are empirical curves (`core.fits.ppl_fit` with `strict_law=False`).
+
 Stages and the share of the job's progress each one covers:
 
     loading model   0.00-0.02
@@ -33,6 +36,8 @@ from sqlalchemy import select
 
 from core.artifacts import job_folder
 from core.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
+from core.methods import METHODS
+from core.profiles import CALIBRATION_KEYS
 from core.specs.jobs import SweepJobCreate
 from core.tables import Fit, Result
 from workers.context import JobContext, JobFailure
@@ -53,8 +58,6 @@ from workers.loading import refresh_model
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 POINTS_END = 0.95
-# Calibration record keys that identify the windows every point was sliced with.
-CALIBRATION_KEYS = ("corpus", "data_sha256", "seed", "num_sequences", "seqlen")
 # Share of one sparsity's progress span that perplexity ends at when accuracy follows.
 ACCURACY_FROM = 0.8
 
@@ -183,22 +186,24 @@ def _has_fit(context: JobContext) -> bool:
     return context.read(lambda session: session.scalar(query), "looking for stored fits") is not None
 
 
-def _slicing_protocol(spec: SweepJobCreate, prepared: Prepared, ppl_row: Result) -> dict[str, Any]:
-    """What every fit of this sweep shares: the calibration windows and how the model was sliced."""
+def _pruning_protocol(spec: SweepJobCreate, prepared: Prepared, ppl_row: Result) -> dict[str, Any]:
+    """What every fit of this sweep shares: the calibration windows (none for `magnitude`) and, for
+    slicing, how the model was sliced."""
     record = prepared.calibration_record
-    assert record is not None  # slicing always calibrates
-    return {
-        "calibration": {key: record[key] for key in CALIBRATION_KEYS},
-        "round_to": spec.round_to,
-        "slice_head": ppl_row.protocol["slicing"]["slice_head"],  # the family default resolved
+    protocol: dict[str, Any] = {
+        "calibration": None if record is None else {key: record[key] for key in CALIBRATION_KEYS}
     }
+    if "slicing" in ppl_row.protocol:
+        protocol["round_to"] = spec.round_to
+        protocol["slice_head"] = ppl_row.protocol["slicing"]["slice_head"]  # the family default resolved
+    return protocol
 
 
 def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured: dict[float, Result]) -> Fit:
     """The calibrated PPL laws on the dense baseline and every pruned point of this sweep."""
     protocol = {
         **{key: prepared.data.match[key] for key in BASELINE_MATCH_KEYS},
-        **_slicing_protocol(spec, prepared, next(iter(measured.values()))),
+        **_pruning_protocol(spec, prepared, next(iter(measured.values()))),
     }
     try:
         return ppl_fit(
@@ -210,6 +215,7 @@ def _fit(context: JobContext, spec: SweepJobCreate, prepared: Prepared, measured
             protocol=protocol,
             dense=MeasuredPoint(0.0, prepared.dense.value, prepared.dense.id),
             points=[MeasuredPoint(s, row.value, row.id) for s, row in sorted(measured.items())],
+            strict_law=METHODS[spec.method].strict_law_applies,
         )
     except FitError as error:
         raise JobFailure(
@@ -224,7 +230,7 @@ def _accuracy_fits(
     point; a task and metric the laws cannot fit is logged and left out, the others are kept."""
     fits: list[Fit] = []
     ppl_key = ("ppl", prepared.data.spec.dataset)
-    shared = _slicing_protocol(spec, prepared, next(iter(measured.values()))[ppl_key])
+    shared = _pruning_protocol(spec, prepared, next(iter(measured.values()))[ppl_key])
     for plan in prepared.accuracy_plans:
         for metric in plan.metrics:
             dense = prepared.dense_accuracy[plan.name].results[metric]

@@ -168,6 +168,13 @@ def vector_deviations(
     ]
 
 
+def kl_deviation(reference: DistributionReference, z2: torch.Tensor) -> TokenDeviation:
+    """ "kl" alone, with its estimate Var_p(dz) / (2 T^2): the part of `probability_deviations` a
+    caller that needs only KL pays for (no q, no 1 - cos)."""
+    shift = (z2.to(reference.z.dtype) - reference.z) / reference.temperature  # (N, V): e = dz / T
+    return TokenDeviation("kl", _kl(reference, shift)[0], _variance(shift, reference.p) / 2)
+
+
 def probability_deviations(
     z: torch.Tensor,
     z2: torch.Tensor,

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from workers.probing.deviation import (
+    DistributionReference,
+    kl_deviation,
     kl_divergence,
     kl_estimate,
     one_minus_cos,
@@ -133,3 +135,16 @@ def test_record_means_weight_prompts_by_tokens() -> None:
     assert (kl.probe, kl.space, kl.metric, kl.layer, kl.step) == ("model", "probs", "kl", None, None)
     assert kl.value == pytest.approx(0.25) and kl.estimate == pytest.approx(0.5)
     assert agree.step == 3 and agree.value == pytest.approx(0.5) and agree.estimate is None
+
+
+def test_kl_alone_equals_the_kl_of_all_probability_deviations() -> None:
+    generator = torch.Generator().manual_seed(5)
+    z = torch.randn(6, 40, generator=generator)
+    z2 = z + 0.3 * torch.randn(6, 40, generator=generator)
+    reference = DistributionReference.of(z, 1.5)
+    alone = kl_deviation(reference, z2)
+    full = probability_deviations(z, z2, 1.5, reference=reference)[1]
+    assert alone.metric == full.metric == "kl"
+    assert torch.equal(alone.values, full.values)
+    assert alone.estimates is not None and full.estimates is not None
+    assert torch.equal(alone.estimates, full.estimates)

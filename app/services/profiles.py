@@ -1,0 +1,457 @@
+"""Stored profiles as predictor input: the store's measured curves with their profile features, the
+backtests over them, and the predictions a profile gives a model before it is pruned.
+
+A curve is a stored perplexity fit (a `sweep`'s points and dense baseline); its features come from
+the newest profile of the same model under the same calibration windows (`CALIBRATION_KEYS`). A
+fit without such a profile still scores the strict and calibrated laws, not the feature laws.
+Pure arithmetic over a few indexed reads (no torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from app.schemas.profiles import (
+    BacktestList,
+    BacktestPublic,
+    BeforePruningPublic,
+    CoefficientPublic,
+    CurvePublic,
+    FeaturePredictedPublic,
+    LensPublic,
+    PredictorPublic,
+    ProfilePublic,
+    SignalPublic,
+)
+from core import feature_laws
+from core.backtests import (
+    FACE_VALUE,
+    ONE_POINT,
+    ZERO_CURVE,
+    ZERO_MODEL,
+    Curve,
+    FeatureLaw,
+    Score,
+    backtest,
+    law_coefficient,
+    law_prior,
+)
+from core.model_sources import ModelSourceError, resolve_model
+from core.param_count import sliced_width
+from core.profiles import (
+    CALIBRATION_KEYS,
+    FEATURES,
+    UNCALIBRATED_FEATURE,
+    LensMeans,
+    SignalSpectrum,
+    feature_value,
+)
+from core.published import PUBLISHED
+from core.settings import Settings
+from core.tables import Fit, Profile
+
+CalibrationKey = tuple[Any, ...]
+
+MIN_BACKTEST_POINTS = 3
+"""A predictor is chosen by its backtest only when it was scored on at least this many points."""
+
+
+def calibration_key(calibration: dict[str, Any] | None) -> CalibrationKey:
+    """What identifies calibration windows: the `CALIBRATION_KEYS` values of a record."""
+    calibration = calibration or {}
+    return tuple(calibration.get(key) for key in CALIBRATION_KEYS)
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    """A `profiles` row with its signals read as spectra."""
+
+    row: Profile
+    signals: list[SignalSpectrum]
+
+    @property
+    def calibration(self) -> dict[str, Any]:
+        calibration: dict[str, Any] = self.row.protocol.get("calibration", {})
+        return calibration
+
+    @property
+    def round_to(self) -> int:
+        return int(self.row.protocol.get("round_to", 8))
+
+    def width(self, sparsity: float) -> int:
+        return sliced_width(self.row.hidden_size, sparsity, self.round_to)
+
+    def feature(self, name: str, sparsity: float) -> float:
+        """F_name at slicing's width for `sparsity`; ValueError outside the profiled lens widths."""
+        return feature_value(name, self.signals, self.width(sparsity))
+
+
+def stored_profile(row: Profile) -> StoredProfile:
+    signals = [
+        SignalSpectrum(
+            index=signal.position,
+            kind=signal.kind,
+            layer=signal.layer,
+            eigenvalues=tuple(signal.eigenvalues),
+            token_energy=tuple(signal.token_energy),
+            lens={
+                int(r["width"]): LensMeans(float(r["kl"]), float(r["kl_taylor"]), float(r["nll_increase"]))
+                for r in signal.lens
+            },
+        )
+        for signal in row.signals
+    ]
+    return StoredProfile(row, signals)
+
+
+def newest_profiles(
+    session: Session, model_ids: Sequence[str] | None = None
+) -> dict[tuple[str, CalibrationKey], StoredProfile]:
+    """The newest profile per (model, calibration windows), for the given models (None: all)."""
+    query = select(Profile).options(selectinload(Profile.signals)).order_by(Profile.id.desc())
+    if model_ids is not None:
+        query = query.where(Profile.model_id.in_(list(model_ids)))
+    newest: dict[tuple[str, CalibrationKey], StoredProfile] = {}
+    for row in session.scalars(query):
+        key = (row.model_id, calibration_key(row.protocol.get("calibration")))
+        if key not in newest:
+            newest[key] = stored_profile(row)
+    return newest
+
+
+def find_profile(
+    session: Session, settings: Settings, model: str, job_id: str | None, calibration: dict[str, Any]
+) -> StoredProfile | None:
+    """The newest profile of `model` (or of its resolved id) from `job_id` whose calibration record
+    matches every non-null field of `calibration`."""
+    ids = [model]
+    with contextlib.suppress(ModelSourceError):  # an id no source resolves is matched as given
+        ids.append(resolve_model(model, settings).model_id)
+    query = select(Profile).options(selectinload(Profile.signals)).where(Profile.model_id.in_(ids))
+    if job_id is not None:
+        query = query.where(Profile.job_id == job_id)
+    for row in session.scalars(query.order_by(Profile.id.desc())):
+        recorded = row.protocol.get("calibration", {})
+        if all(value is None or recorded.get(key) == value for key, value in calibration.items()):
+            return stored_profile(row)
+    return None
+
+
+def curve_label(fit: Fit) -> str:
+    """A curve's name: model, method, calibration windows and perplexity protocol."""
+    calibration = fit.protocol.get("calibration", {})
+    windows = fit.protocol.get("max_windows") or "all"
+    published = "published: " if fit.protocol.get("source") == PUBLISHED else ""
+    return (
+        f"{published}{fit.model_id} / {fit.method} / calibration {calibration.get('corpus')} "
+        f"{calibration.get('num_sequences')}x{calibration.get('seqlen')} seed {calibration.get('seed')} / "
+        f"{fit.dataset} seqlen {fit.protocol.get('seqlen')} windows {windows}"
+    )
+
+
+def store_curves(session: Session, method: str) -> list[Curve]:
+    """Every stored perplexity fit of `method` as a curve (the newest per label), with the features
+    of its model's matching profile when there is one."""
+    fits = session.scalars(
+        select(Fit).where(Fit.method == method, Fit.metric == "ppl").order_by(Fit.id.desc())
+    ).all()
+    profiles = newest_profiles(session, sorted({fit.model_id for fit in fits}))
+    curves: dict[str, Curve] = {}
+    for fit in fits:
+        label = curve_label(fit)
+        if label in curves:
+            continue
+        points = tuple(
+            (float(p["sparsity"]), float(p["value"]))
+            for p in fit.points
+            if p.get("used") and float(p["sparsity"]) > 0.0 and p.get("value") is not None
+        )
+        if not points or not (math.isfinite(fit.baseline) and fit.baseline > 1.0):
+            continue
+        profile = profiles.get((fit.model_id, calibration_key(fit.protocol.get("calibration"))))
+        features = {} if profile is None else _features_at(profile, [s for s, _ in points])
+        calibration = calibration_key(fit.protocol.get("calibration"))
+        curves[label] = Curve(label, fit.model_id, method, fit.baseline, points, features, calibration)
+    return list(curves.values())
+
+
+def _features_at(profile: StoredProfile, sparsities: Sequence[float]) -> dict[str, tuple[float, ...]]:
+    """Each feature at each sparsity; a feature the profile cannot give at some sparsity (a lens
+    width outside the profiled range) is left out."""
+    features = {}
+    for name in FEATURES:
+        try:
+            features[name] = tuple(profile.feature(name, s) for s in sparsities)
+        except ValueError:
+            continue
+    return features
+
+
+# ------------------------------------------------------------------------------- before pruning
+
+
+@dataclass(frozen=True)
+class PredictorAnswer:
+    """One feature law's predictions for a model, with its coefficient and backtest record."""
+
+    predictor: str
+    feature: str
+    description: str
+    power: bool  # a power law (beta pooled from other curves), else a feature law (beta = 1)
+    exponent: float  # beta of c F^beta
+    coefficient: feature_laws.Coefficient
+    backtest: Score | None
+    values: list[tuple[float, float, feature_laws.FeaturePrediction]]  # (sparsity, F^beta, prediction)
+
+
+@dataclass(frozen=True)
+class BeforePruning:
+    profile: StoredProfile
+    own_points: int
+    mode: str  # the backtest mode that matches what is known of this model
+    predictors: list[PredictorAnswer]
+    chosen: str | None
+    reason: str
+
+
+def predict_before_pruning(
+    session: Session,
+    model_ids: Sequence[str],
+    method: str,
+    ppl0: float,
+    sparsities: Sequence[float],
+    level: float,
+) -> BeforePruning | None:
+    """The feature laws' predictions for the newest profile of the model (None without one): each
+    coefficient pooled from the store's other curves (other models, and this model under other
+    calibrations), updated with this model's own points under the profile's calibration. The
+    predictor with the lowest backtest MAPE in the mode that matches what is known is chosen: one
+    point when the model has points under this calibration (conservative: all of them are used),
+    leave-one-curve-out when it has curves under other calibrations only, else leave-one-model-out."""
+    profiles = newest_profiles(session, model_ids)
+    if not profiles:
+        return None
+    profile = max(profiles.values(), key=lambda p: p.row.id)
+    curves = store_curves(session, method)
+    model = profile.row.model_id
+    own_key = calibration_key(profile.calibration)
+    own_curve = next((c for c in curves if c.model == model and c.calibration == own_key), None)
+    others = [c for c in curves if c.model != model or c.calibration != own_key]
+    if own_curve is not None:
+        mode = ONE_POINT
+    else:
+        mode = ZERO_CURVE if any(c.model == model for c in others) else ZERO_MODEL
+    scores = {(s.predictor, s.mode): s for s in backtest(curves, level=level)}
+    answers = []
+    for law in (FeatureLaw(name, power) for name in FEATURES for power in (False, True)):
+        fit = law_prior(law, others)
+        if fit is None:
+            continue
+        own = []
+        if own_curve is not None and law.feature in own_curve.features:
+            own = own_curve.feature_points(law.feature, exponent=fit.exponent)
+        coefficient = law_coefficient(fit, own, f"fitted on this curve's {len(own)} point(s)")
+        if coefficient is None:
+            continue
+        values = []
+        try:
+            for s in sparsities:
+                f = profile.feature(law.feature, s) ** fit.exponent if s > 0 else 0.0
+                values.append((s, f, feature_laws.predict(ppl0, f, coefficient, level)))
+        except ValueError:
+            continue  # a lens width outside the profiled range
+        answers.append(
+            PredictorAnswer(
+                law.predictor,
+                law.feature,
+                FEATURES[law.feature].description,
+                law.power,
+                fit.exponent,
+                coefficient,
+                scores.get((law.predictor, mode)),
+                values,
+            )
+        )
+    chosen, reason = _choose(answers, scores, mode)
+    return BeforePruning(
+        profile, 0 if own_curve is None else len(own_curve.points), mode, answers, chosen, reason
+    )
+
+
+FALLBACK_MODES = {ZERO_MODEL: (ZERO_CURVE,)}
+"""Where the choice looks when its own mode has no backtest yet: a store holding curves of one model
+cannot score leave-one-model-out, but its other calibrations are held-out curves all the same."""
+
+
+def _choose(
+    answers: list[PredictorAnswer], scores: dict[tuple[str, str], Score], mode: str
+) -> tuple[str | None, str]:
+    """The answer with the lowest backtest MAPE in `mode` (or its fallback), and why."""
+    for looked in (mode, *FALLBACK_MODES.get(mode, ())):
+        scored = [
+            (score, a)
+            for a in answers
+            if (score := scores.get((a.predictor, looked))) is not None
+            and score.n >= MIN_BACKTEST_POINTS
+            and score.mape is not None
+        ]
+        if scored:
+            score, best = min(scored, key=lambda pair: pair[0].mape if pair[0].mape is not None else math.inf)
+            assert score.mape is not None
+            fallback = "" if looked == mode else f" (no predictor is scored in mode '{mode}' yet)"
+            curves = len({p.curve for p in score.points})
+            return best.predictor, (
+                f"lowest backtest error in mode '{looked}'{fallback}: MAPE {score.mape:.1%}, max "
+                f"{score.max_ape:.1%}, over {score.n} held-out points of {curves} curve(s), of "
+                f"{len(scored)} predictor(s) scored there"
+            )
+    face = next((a for a in answers if a.feature == UNCALIBRATED_FEATURE and not a.power), None)
+    if face is not None:
+        face_score = scores.get((FACE_VALUE, ZERO_CURVE))
+        return face.predictor, (
+            "no predictor has a backtest in this mode yet (too few measured curves with profiles): the "
+            "summed lens KL is taken as the NLL increase"
+            + (
+                ""
+                if face_score is None or face_score.mape is None
+                else f" (its face-value MAPE: {face_score.mape:.1%})"
+            )
+        )
+    return None, "no predictor can answer from this profile"
+
+
+# ------------------------------------------------------------------------------------- public
+
+
+def profile_public(profile: StoredProfile, *, spectra: bool = False) -> ProfilePublic:
+    """A stored profile as the API shows it: discarded shares and lens readings at its widths."""
+    row = profile.row
+    signals = []
+    for signal, stored in zip(profile.signals, row.signals, strict=True):
+        signals.append(
+            SignalPublic(
+                position=signal.index,
+                name=signal.name,
+                kind=signal.kind,
+                layer=signal.layer,
+                discarded=[signal.discarded(d) for d in row.widths],
+                token_discarded=[signal.token_discarded(d) for d in row.widths],
+                lens=[LensPublic(**reading) for reading in stored.lens],
+                eigenvalues=list(signal.eigenvalues) if spectra else None,
+                token_energy=list(signal.token_energy) if spectra else None,
+            )
+        )
+    protocol = {key: value for key, value in row.protocol.items() if key not in ("calibration", "round_to")}
+    return ProfilePublic(
+        id=row.id,
+        job_id=row.job_id,
+        model=row.model_id,
+        model_revision=row.model_revision,
+        family=row.family,
+        hidden_size=row.hidden_size,
+        num_layers=row.num_layers,
+        calibration=profile.calibration,
+        round_to=profile.round_to,
+        sparsities=row.sparsities,
+        widths=row.widths,
+        protocol=protocol,
+        created_at=row.created_at,
+        signals=signals,
+    )
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinity: a value a law cannot give is null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
+    return BacktestPublic(
+        predictor=score.predictor,
+        mode=score.mode,
+        level=score.level,
+        n=score.n,
+        curves=len({p.curve for p in score.points}),
+        mape=_finite(score.mape),
+        max_ape=_finite(score.max_ape),
+        coverage=score.coverage,
+        points=[
+            {
+                "curve": p.curve,
+                "sparsity": p.sparsity,
+                "measured": p.measured,
+                "predicted": _finite(p.predicted),  # null: the law overflows a float there
+                "band": None if p.band is None else [_finite(v) for v in p.band],
+                "ape": _finite(p.ape),
+                "covered": p.covered,
+                "fitted_on": p.fitted_on,
+            }
+            for p in score.points
+        ]
+        if points
+        else None,
+    )
+
+
+def backtest_list(session: Session, method: str, level: float, *, points: bool = False) -> BacktestList:
+    """Every predictor in every mode over the store's curves of `method`."""
+    curves = store_curves(session, method)
+    return BacktestList(
+        method=method,
+        level=level,
+        curves=[
+            CurvePublic(
+                label=c.label,
+                model=c.model,
+                method=c.method,
+                ppl0=c.ppl0,
+                points=[[s, v] for s, v in c.points],
+                features=sorted(c.features),
+            )
+            for c in curves
+        ],
+        items=[score_public(score, points=points) for score in backtest(curves, level=level) if score.n],
+    )
+
+
+def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
+    profile = answer.profile
+    return BeforePruningPublic(
+        profile_id=profile.row.id,
+        profile_job_id=profile.row.job_id,
+        calibration=profile.calibration,
+        own_points=answer.own_points,
+        mode=answer.mode,
+        chosen=answer.chosen,
+        reason=answer.reason,
+        predictors=[
+            PredictorPublic(
+                predictor=a.predictor,
+                feature=a.feature,
+                description=a.description,
+                formula="ln PPL - ln PPL0 = c * F" + (" ** beta" if a.power else ""),
+                exponent=a.exponent,
+                coefficient=CoefficientPublic(**asdict(a.coefficient)),
+                backtest=None if a.backtest is None else score_public(a.backtest),
+                predictions=[
+                    FeaturePredictedPublic(
+                        sparsity=s,
+                        width=profile.width(s),
+                        feature=f,
+                        value=p.value,
+                        band=list(p.band),
+                        level=p.level,
+                    )
+                    for s, f, p in a.values
+                ],
+            )
+            for a in answer.predictors
+        ],
+    )

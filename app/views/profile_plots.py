@@ -1,0 +1,69 @@
+"""A profile drawn as a heatmap: the share of each signal's normalised-token energy that slicing to
+width d would discard, signals down the stream (rows) against d (columns), on a log colour scale.
+Rendered like the curves (`app.views.curve_plots`): Agg canvas, object-oriented API, text kept text."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import TYPE_CHECKING
+
+from app.services.profiles import StoredProfile
+from app.views.curve_plots import load_matplotlib
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+WIDTH_IN, HEIGHT_IN = 7.5, 6.0
+PNG_DPI = 110
+FLOOR = 1e-6  # shares below this are drawn as the floor colour
+
+
+def heatmap_grid(profile: StoredProfile) -> tuple[list[int], list[list[float]]]:
+    """(widths, shares[signal][width]): every multiple of round_to from it up to D."""
+    step = profile.round_to
+    widths = list(range(step, profile.row.hidden_size + 1, step))
+    return widths, [[max(signal.token_discarded(d), FLOOR) for d in widths] for signal in profile.signals]
+
+
+def _figure(profile: StoredProfile) -> Figure:
+    load_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    widths, shares = heatmap_grid(profile)
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(
+        shares,
+        aspect="auto",
+        origin="upper",
+        norm=LogNorm(vmin=FLOOR, vmax=max(1.0, max(max(row) for row in shares))),
+        extent=(widths[0] - profile.round_to / 2, widths[-1] + profile.round_to / 2, len(shares) - 0.5, -0.5),
+        cmap="magma_r",
+    )
+    fig.colorbar(image, ax=ax, label="share of token energy discarded (log)")
+    for sparsity, width in zip(profile.row.sparsities, profile.row.widths, strict=True):
+        ax.axvline(width, color="#1f5fa8", linewidth=0.8, alpha=0.7)
+        ax.text(width, -0.8, f"s={sparsity:g}", color="#1f5fa8", fontsize=7, ha="center", va="bottom")
+    ticks = list(range(0, len(shares), max(1, math.ceil(len(shares) / 12))))
+    ax.set_yticks(ticks, [profile.signals[i].name for i in ticks], fontsize=7)
+    ax.set_xlabel("kept width d")
+    ax.set_title(
+        f"{profile.row.model_id}: what slicing to width d discards, per signal", fontsize=9, parse_math=False
+    )
+    return fig
+
+
+def profile_svg(profile: StoredProfile) -> str:
+    buffer = io.StringIO()
+    _figure(profile).savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
+
+
+def profile_png(profile: StoredProfile) -> bytes:
+    buffer = io.BytesIO()
+    _figure(profile).savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
+    return buffer.getvalue()

@@ -1,0 +1,329 @@
+"""Predicting before pruning, measured: profiles of SmolLM2-135M, their cost, and every predictor's
+backtest against measured SliceGPT sweeps in the same store.
+
+Usage (from the repository root; the sweeps first, into one store, then this):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/sweep_smollm2.py --home bench/out/store \\
+        --sparsities 0 0.1 0.2 0.3 0.4 0.5 --calibration-sequences 128 --calibration-length 512 \\
+        --eval-windows 40 [--calibration-corpus lambada-passages]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/predict_smollm2.py --home bench/out/store
+
+Steps, each the way a user's request runs (the app behind a TestClient, the embedded worker):
+
+1. a `profile` job per calibration corpus, with the sweeps' calibration (128 x 512, seed 42,
+   batch 8) and sparsities 0.1..0.5;
+2. cost, side by side in fresh subprocesses one after another on the same windows: one plain
+   dense forward (the yardstick), the profile engine, and SliceGPT at s = 0.25; wall time and the
+   subprocess's peak RSS (VmHWM);
+3. `GET /v1/backtests?points=true` over the store, and `POST /v1/predictions` for the model, whose
+   `before_pruning` is what a user sees.
+
+Writes `bench/out/predict_smollm2.json`: the profile jobs, `cost` (per step wall_s, peak_rss_mb, and
+the ratios profile / dense pass and profile / slicing), `backtests` (the endpoint's answer, every
+held-out point included), `headline` (per predictor and sparsity on each curve: zero points, and
+one point at s = 0.2) and `prediction` (the endpoint's answer for the first curve's model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+TERMINAL = ("succeeded", "failed", "canceled")
+CALIBRATION = {"num_sequences": 128, "seqlen": 512, "batch_size": 8}
+SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
+ANCHOR = 0.2
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--home", type=Path, required=True, help="the store the sweeps wrote (SQLite)")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--corpora", nargs="+", default=["boolq-passages", "lambada-passages"])
+    parser.add_argument("--lens-tokens", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-profiles", action="store_true", help="reuse the profiles in the store")
+    parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
+    )
+    parser.add_argument("--cost-step", choices=["dense", "profile", "slice"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "predict_smollm2.json")
+    return parser.parse_args()
+
+
+def settings_for(args: argparse.Namespace) -> Any:
+    from core.settings import Settings
+
+    return Settings(home=args.home, cache_dir=args.cache_dir, data_dir=args.data_dir, log_format="console")
+
+
+# ------------------------------------------------------------------------------------------ cost
+
+
+def cost_step(args: argparse.Namespace) -> None:
+    """One cost step in this (fresh) process; prints one JSON line."""
+    import torch
+
+    from core.model_sources import resolve_model
+    from workers.calibration import build_calibration, calibration_corpus
+    from workers.loading import load_model
+    from workers.profiling import profile_model
+    from workers.slicing.engine import slice_model
+
+    torch.set_num_threads(args.threads)
+    settings = settings_for(args)
+    loaded = load_model(resolve_model(args.model, settings), settings, dtype="auto", device="cpu")
+    corpus = calibration_corpus(args.corpora[0], None, settings)
+    batch = build_calibration(
+        loaded.tokenizer,
+        corpus,
+        num_sequences=CALIBRATION["num_sequences"],
+        seqlen=CALIBRATION["seqlen"],
+        seed=42,
+    )
+    ids, size = batch.input_ids, CALIBRATION["batch_size"]
+    started = time.perf_counter()
+    with torch.no_grad():
+        if args.cost_step == "dense":
+            for start in range(0, ids.shape[0], size):
+                loaded.model(input_ids=ids[start : start + size], use_cache=False)
+        elif args.cost_step == "profile":
+            profile_model(loaded.model, ids, None, SPARSITIES, batch_size=size, lens_tokens=args.lens_tokens)
+        else:
+            slice_model(loaded.model, ids, None, 0.25, batch_size=size, keep_bases=False)
+    wall = time.perf_counter() - started
+    print(json.dumps({"step": args.cost_step, "wall_s": round(wall, 2), "peak_rss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
+    steps = {}
+    for step in ("dense", "profile", "slice"):
+        command = [sys.executable, __file__, "--home", str(args.home), "--cost-step", step]
+        command += ["--cache-dir", str(args.cache_dir), "--data-dir", str(args.data_dir)]
+        command += [
+            "--threads",
+            str(args.threads),
+            "--lens-tokens",
+            str(args.lens_tokens),
+            "--corpora",
+            args.corpora[0],
+        ]
+        print(f"cost: {step} ...", flush=True)
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        steps[step] = json.loads(output.strip().splitlines()[-1])
+        print(f"cost: {steps[step]}", flush=True)
+    return {
+        "steps": steps,
+        "profile_over_dense_wall": round(steps["profile"]["wall_s"] / steps["dense"]["wall_s"], 3),
+        "profile_over_slicing_wall": round(steps["profile"]["wall_s"] / steps["slice"]["wall_s"], 3),
+        "profile_over_dense_peak_rss": round(
+            steps["profile"]["peak_rss_mb"] / steps["dense"]["peak_rss_mb"], 3
+        ),
+        "profile_over_slicing_peak_rss": round(
+            steps["profile"]["peak_rss_mb"] / steps["slice"]["peak_rss_mb"], 3
+        ),
+    }
+
+
+# -------------------------------------------------------------------------------------- profiles
+
+
+def run_profile(client: Any, body: dict[str, Any]) -> dict[str, Any]:
+    job = client.post("/v1/jobs", json=body)
+    job.raise_for_status()
+    job_id = job.json()["id"]
+    started, last = time.perf_counter(), None
+    while True:
+        state = client.get(f"/v1/jobs/{job_id}").json()
+        if (state["stage"], state["detail"]) != last:
+            last = (state["stage"], state["detail"])
+            print(
+                f"[{time.perf_counter() - started:7.1f}s] profile {body['calibration']['corpus']}: {last}",
+                flush=True,
+            )
+        if state["status"] in TERMINAL:
+            break
+        time.sleep(2.0)
+    if state["status"] != "succeeded":
+        raise SystemExit(f"profile {state['status']}: {state['error']}")
+    return {"job_id": job_id, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def taylor_tracking(client: Any, model: str, corpus: str) -> dict[str, Any]:
+    """Over every (signal, width) of the stored profile: Pearson of the Taylor estimate against the
+    exact lens KL, and their mean ratio; plus the discarded shares at each width, per signal kind."""
+    profile = client.get(f"/v1/models/{model}/profile", params={"corpus": corpus}).json()
+    pairs = [(r["kl"], r["kl_taylor"]) for s in profile["signals"] for r in s["lens"]]
+    if len(pairs) < 2:
+        return {"pairs": len(pairs)}
+    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    cov = sum((x - mx) * (y - my) for x, y in pairs)
+    pearson = cov / (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
+    shares = {
+        kind: {
+            str(width): round(max(s["discarded"][i] for s in profile["signals"] if s["kind"] == kind), 5)
+            for i, width in enumerate(profile["widths"])
+        }
+        for kind in ("embedding", "pre-mlp", "output")
+    }
+    return {
+        "profile_id": profile["id"],
+        "pairs": len(pairs),
+        "pearson": round(pearson, 4),
+        "mean_taylor_over_exact": round(sum(y / x for x, y in pairs if x > 0) / len(pairs), 4),
+        "largest_raw_share_discarded_by_kind": shares,
+        "engine_timings_s": profile["protocol"].get("engine_timings_s"),
+    }
+
+
+def headline(backtests: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per predictor, curve and sparsity: the zero-point and the one-point (s = ANCHOR) errors."""
+    rows = []
+    for item in backtests["items"]:
+        for point in item["points"] or []:
+            if item["mode"] == "one-point" and not point["fitted_on"].startswith(f"s = {ANCHOR:g}"):
+                continue
+            if item["mode"] not in ("one-point", "zero-points, leave-one-curve-out"):
+                continue
+            rows.append(
+                {
+                    "predictor": item["predictor"],
+                    "mode": item["mode"],
+                    "curve": point["curve"],
+                    "sparsity": point["sparsity"],
+                    "measured": round(point["measured"], 3),
+                    "predicted": _rounded(point["predicted"], 3),  # null: the law overflows there
+                    "ape": _rounded(point["ape"], 4),
+                    "covered": point["covered"],
+                    "band": None if point["band"] is None else [_rounded(v, 2) for v in point["band"]],
+                }
+            )
+    return rows
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _mean_ape(group: list[dict[str, Any]]) -> float:
+    apes = [r["ape"] if r["ape"] is not None else float("inf") for r in group]
+    return round(sum(apes) / len(apes), 4)
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """MAPE per predictor, mode and curve over the headline rows."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["predictor"], row["mode"], row["curve"]), []).append(row)
+    out = []
+    for (predictor, mode, curve), group in sorted(groups.items()):
+        covered = [r["covered"] for r in group if r["covered"] is not None]
+        out.append(
+            {
+                "predictor": predictor,
+                "mode": mode if mode != "one-point" else f"one-point (s = {ANCHOR:g})",
+                "curve": curve,
+                "n": len(group),
+                "mape": _mean_ape(group),
+                "max_ape": max((r["ape"] if r["ape"] is not None else float("inf")) for r in group),
+                "coverage": None if not covered else round(sum(covered) / len(covered), 3),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    if args.cost_step:
+        cost_step(args)
+        return
+    import torch
+    import transformers
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from core.migrate import upgrade
+
+    torch.set_num_threads(args.threads)
+    report: dict[str, Any] = {
+        "load_average_start": list(os.getloadavg()),
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+        },
+        "calibration": CALIBRATION,
+        "sparsities": SPARSITIES,
+    }
+    settings = settings_for(args)
+    upgrade(settings.store_url)
+    with TestClient(create_app(settings, start_background=False)) as client:
+        if not args.skip_profiles:
+            report["profiles"] = {
+                corpus: run_profile(
+                    client,
+                    {
+                        "kind": "profile",
+                        "model": args.model,
+                        "calibration": {**CALIBRATION, "corpus": corpus},
+                        "sparsities": SPARSITIES,
+                        "lens_tokens": args.lens_tokens,
+                    },
+                )
+                for corpus in args.corpora
+            }
+        report["lens_taylor_tracking"] = {
+            corpus: taylor_tracking(client, args.model, corpus) for corpus in args.corpora
+        }
+        backtests = client.get("/v1/backtests", params={"points": True}).json()
+        report["backtests"] = backtests
+        report["headline"] = headline(backtests)
+        report["headline_summary"] = summarise(report["headline"])
+        model = backtests["curves"][0]["model"] if backtests["curves"] else args.model
+        answer = client.post("/v1/predictions", json={"model": model, "sparsities": SPARSITIES})
+        report["prediction"] = answer.json()
+    if not args.skip_cost:
+        report["cost"] = measure_cost(args)
+    report["load_average_end"] = list(os.getloadavg())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    for row in report["headline_summary"]:
+        print(json.dumps(row))
+    print(json.dumps(report.get("cost", {})))
+
+
+if __name__ == "__main__":
+    main()

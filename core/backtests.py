@@ -1,0 +1,271 @@
+"""Backtests: every predictor scored on measured curves it did not see (docs/science.md, "Predicting
+before pruning").
+
+A curve is one model, method and protocol measured at several sparsities, with the dense
+perplexity and, where the model was profiled under the same calibration, each feature's value at
+each measured width. Modes, each scoring a prediction only on points its coefficient did not see:
+
+- `zero-points, leave-one-curve-out`: a feature law's coefficient pooled from every *other* curve of
+  the method (`core.feature_laws.pool`), and a power law's exponent too; the strict law and the
+  lens-KL sum at face value need none;
+- `zero-points, leave-one-model-out`: pooled only from curves of *other models*, the question a
+  team with a new model asks;
+- `one-point`: each measured point of a curve in turn is the only one known; the feature laws update
+  the leave-one-curve-out prior with it (or fit it alone when no other curve has the feature), the
+  calibrated laws (`core.laws`) fit it alone; the others are predicted;
+- `leave-one-sparsity-out`: the calibrated laws fitted on every other point of the curve.
+
+Scores: MAPE and max APE of the predicted perplexity, and the coverage of the stated band at its
+level (a 95 % band should hold about 95 % of held-out points). Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core import feature_laws, laws
+from core.feature_laws import Coefficient
+from core.profiles import UNCALIBRATED_FEATURE
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One measured curve and the profile features at its points."""
+
+    label: str  # model, method and protocol, as a reader would name the curve
+    model: str
+    method: str
+    ppl0: float
+    points: tuple[tuple[float, float], ...]  # (sparsity, measured PPL), pruned points only
+    features: dict[str, tuple[float, ...]] = field(default_factory=dict)  # name -> F at each point
+    calibration: tuple[Any, ...] = ()  # what identifies the calibration windows (core.profiles)
+
+    def feature_points(
+        self, name: str, indices: Iterable[int] | None = None, exponent: float = 1.0
+    ) -> list[tuple[float, float]]:
+        """(F^exponent, ln PPL - ln PPL0) at the chosen points (all by default)."""
+        chosen = range(len(self.points)) if indices is None else indices
+        return [(self.features[name][i] ** exponent, math.log(self.points[i][1] / self.ppl0)) for i in chosen]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out point: what was predicted, from what, and how it landed."""
+
+    curve: str
+    sparsity: float
+    measured: float
+    predicted: float
+    band: tuple[float, float] | None
+    fitted_on: str
+
+    @property
+    def ape(self) -> float:
+        return abs(self.predicted - self.measured) / self.measured
+
+    @property
+    def covered(self) -> bool | None:
+        return None if self.band is None else self.band[0] <= self.measured <= self.band[1]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A predictor's held-out record in one mode."""
+
+    predictor: str
+    mode: str
+    level: float
+    points: tuple[HeldOut, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.points)
+
+    @property
+    def mape(self) -> float | None:
+        return math.fsum(p.ape for p in self.points) / self.n if self.points else None
+
+    @property
+    def max_ape(self) -> float | None:
+        return max((p.ape for p in self.points), default=None)
+
+    @property
+    def coverage(self) -> float | None:
+        flags = [p.covered for p in self.points if p.covered is not None]
+        return sum(flags) / len(flags) if flags else None
+
+
+ZERO_CURVE = "zero-points, leave-one-curve-out"
+ZERO_MODEL = "zero-points, leave-one-model-out"
+ONE_POINT = "one-point"
+LOSO = "leave-one-sparsity-out"
+
+
+@dataclass(frozen=True)
+class FeatureLaw:
+    """ln PPL - ln PPL0 = c F^beta in one profile feature: beta = 1 (a feature law), or beta pooled
+    from the training curves (a power law)."""
+
+    feature: str
+    power: bool = False
+
+    @property
+    def predictor(self) -> str:
+        return f"{'power' if self.power else 'feature'} law: {self.feature}"
+
+
+def feature_predictor(name: str, power: bool = False) -> str:
+    """How a feature law is named in scores and answers."""
+    return FeatureLaw(name, power).predictor
+
+
+FACE_VALUE = f"{UNCALIBRATED_FEATURE} at face value (c = 1)"
+STRICT = "strict law"
+CALIBRATED = "calibrated law"
+
+
+@dataclass(frozen=True)
+class LawFit:
+    """What a feature law knows from its training curves: its exponent and the prior of c (None
+    when no training curve has the feature and the law has no face value)."""
+
+    exponent: float
+    prior: Coefficient | None
+
+
+def law_prior(law: FeatureLaw, training: Sequence[Curve]) -> LawFit | None:
+    """The exponent and the empirical-Bayes prior of c from `training` (None when the law cannot
+    answer at all: a power law needs curves to pool its exponent from)."""
+    usable = [c for c in training if law.feature in c.features]
+    exponent = 1.0
+    if law.power:
+        pooled = feature_laws.pooled_exponent([c.feature_points(law.feature) for c in usable])
+        if pooled is None:
+            return None
+        exponent = pooled
+    fits = []
+    for curve in usable:
+        try:
+            fits.append(feature_laws.fit_curve(curve.feature_points(law.feature, exponent=exponent)))
+        except ValueError:
+            continue
+    if fits:
+        labels = ", ".join(c.label for c in usable)
+        beta = f", beta = {exponent:.3g}" if law.power else ""
+        return LawFit(exponent, feature_laws.pool(fits, f"pooled over {len(fits)} curve(s){beta}: {labels}"))
+    if law.feature == UNCALIBRATED_FEATURE and not law.power:
+        return LawFit(1.0, feature_laws.uncalibrated())
+    return LawFit(exponent, None)
+
+
+def law_coefficient(fit: LawFit, own: Sequence[tuple[float, float]], own_source: str) -> Coefficient | None:
+    """c given the prior and the curve's own (F^beta, y) points; fitted on the points alone without a
+    prior; None when nothing informs it."""
+    if fit.prior is not None:
+        return feature_laws.posterior(fit.prior, own)
+    try:
+        return feature_laws.from_points(own, own_source)
+    except ValueError:
+        return None
+
+
+def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> list[Score]:
+    """Every predictor in every mode over `curves` (see the module docstring)."""
+    scores: list[Score] = []
+    features = sorted({name for curve in curves for name in curve.features})
+    for law in (FeatureLaw(name, power) for name in features for power in (False, True)):
+        with_feature = [c for c in curves if law.feature in c.features]
+        for mode, others in ((ZERO_CURVE, _other_curves), (ZERO_MODEL, _other_models)):
+            held = []
+            for curve in with_feature:
+                fit = law_prior(law, others(curve, with_feature))
+                if fit is not None and fit.prior is not None:
+                    held += _predict_all(
+                        curve, law, fit.exponent, fit.prior, range(len(curve.points)), fit.prior.source
+                    )
+            scores.append(Score(law.predictor, mode, level, tuple(held)))
+        held = []
+        for curve in with_feature:
+            fit = law_prior(law, _other_curves(curve, with_feature))
+            if fit is None:
+                continue
+            for anchor in range(len(curve.points)):
+                at = f"s = {curve.points[anchor][0]:g}"
+                own = curve.feature_points(law.feature, [anchor], fit.exponent)
+                coefficient = law_coefficient(fit, own, f"{at} alone")
+                if coefficient is None:
+                    continue  # F = 0 at the anchor: it says nothing about c
+                rest = [i for i in range(len(curve.points)) if i != anchor]
+                fitted_on = (
+                    coefficient.source if fit.prior is None else f"{at} and the prior {fit.prior.source}"
+                )
+                held += _predict_all(curve, law, fit.exponent, coefficient, rest, fitted_on)
+        scores.append(Score(law.predictor, ONE_POINT, level, tuple(held)))
+    face = [
+        point
+        for curve in curves
+        if UNCALIBRATED_FEATURE in curve.features
+        for point in _predict_all(
+            curve,
+            FeatureLaw(UNCALIBRATED_FEATURE),
+            1.0,
+            feature_laws.uncalibrated(),
+            range(len(curve.points)),
+            "nothing",
+        )
+    ]
+    scores.append(Score(FACE_VALUE, ZERO_CURVE, level, tuple(face)))
+    scores.append(Score(STRICT, ZERO_CURVE, level, tuple(p for c in curves for p in _strict(c))))
+    for mode, one_point in ((ONE_POINT, True), (LOSO, False)):
+        calibrated = tuple(p for c in curves for p in _calibrated(c, level, one_point=one_point))
+        scores.append(Score(CALIBRATED, mode, level, calibrated))
+    return scores
+
+
+def _other_curves(curve: Curve, pool: Sequence[Curve]) -> list[Curve]:
+    return [c for c in pool if c.method == curve.method and c.label != curve.label]
+
+
+def _other_models(curve: Curve, pool: Sequence[Curve]) -> list[Curve]:
+    return [c for c in pool if c.method == curve.method and c.model != curve.model]
+
+
+def _predict_all(
+    curve: Curve,
+    law: FeatureLaw,
+    exponent: float,
+    coefficient: Coefficient,
+    indices: Iterable[int],
+    fitted_on: str,
+) -> list[HeldOut]:
+    held = []
+    for i in indices:
+        s, measured = curve.points[i]
+        value = curve.features[law.feature][i] ** exponent
+        predicted = feature_laws.predict(curve.ppl0, value, coefficient)
+        held.append(HeldOut(curve.label, s, measured, predicted.value, predicted.band, fitted_on))
+    return held
+
+
+def _strict(curve: Curve) -> list[HeldOut]:
+    return [
+        HeldOut(curve.label, s, ppl, laws.strict_ppl(curve.ppl0, s), None, "nothing (needs only PPL0)")
+        for s, ppl in curve.points
+    ]
+
+
+def _calibrated(curve: Curve, level: float, *, one_point: bool) -> list[HeldOut]:
+    held = []
+    for i, (s, ppl) in enumerate(curve.points):
+        others = [p for j, p in enumerate(curve.points) if j != i]
+        trainings: list[list[tuple[float, float]]] = [[p] for p in others] if one_point else [others]
+        for training in trainings:
+            if not training:
+                continue
+            prediction = laws.calibrate_ppl(curve.ppl0, training).predict(s, level)
+            fitted_on = ", ".join(f"s = {t:g}" for t, _ in training)
+            held.append(HeldOut(curve.label, s, ppl, prediction.value, prediction.band, fitted_on))
+    return held

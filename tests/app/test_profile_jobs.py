@@ -1,0 +1,99 @@
+"""`profile` jobs: one dense pass stored as a profile that the profile endpoint draws, the backtests
+score and predictions use, before the model is pruned and after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.app.test_jobs_api import assert_problem
+from tests.app.test_prune_jobs import wait_done
+from tests.app.test_sweep_jobs import sweep_body
+
+CALIBRATION = {"num_sequences": 4, "seqlen": 32, "batch_size": 2}
+
+
+def profile_body(model: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "kind": "profile",
+        "model": model,
+        "calibration": CALIBRATION,
+        "sparsities": [0.1, 0.25, 0.5],
+        **overrides,
+    }
+
+
+def predict(api: TestClient, model: str, sparsities: list[float]) -> dict[str, Any]:
+    body = {"model": model, "sparsities": sparsities, "protocol": {"seqlen": 64, "max_windows": 2}}
+    response = api.post("/v1/predictions", json=body)
+    assert response.status_code == 200, response.text
+    [metric] = response.json()["metrics"]
+    return metric  # type: ignore[no-any-return]
+
+
+def test_a_profile_predicts_before_pruning_and_its_predictors_are_backtested_once_measured(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    profile_job = api.post("/v1/jobs", json=profile_body(model)).json()
+    done = wait_done(api, profile_job["id"], worker)
+    assert done["stage"] == "done"
+
+    profile = api.get(f"/v1/models/{model}/profile").json()
+    assert profile["job_id"] == profile_job["id"] and profile["widths"] == [56, 48, 32]
+    layers = profile["num_layers"]
+    assert [s["name"] for s in profile["signals"][:3]] == ["embedding", "block 0 pre-mlp", "block 0 output"]
+    assert len(profile["signals"]) == 1 + 2 * layers
+    for signal in profile["signals"]:
+        assert all(0.0 <= share <= 1.0 for share in signal["discarded"] + signal["token_discarded"])
+        assert signal["discarded"] == sorted(signal["discarded"])  # a narrower width discards more
+        assert [r["width"] for r in signal["lens"]] == [56, 48, 32] and signal["eigenvalues"] is None
+    assert profile["calibration"]["num_sequences"] == 4 and profile["calibration"]["seed"] == 42
+    heatmap = api.get(f"/v1/models/{model}/profile", params={"format": "svg"})
+    assert heatmap.status_code == 200 and heatmap.headers["content-type"].startswith("image/svg+xml")
+    assert_problem(api.get(f"/v1/models/{model}/profile", params={"seed": 7}), 404)
+    report = api.get(f"/v1/jobs/{profile_job['id']}/report")
+    assert report.status_code == 200 and "discarded token energy per signal and width" in report.text
+    assert "<svg" in report.text
+
+    # Measured dense only: the profile answers alone, with the lens-KL sum at face value.
+    evaluate = {"kind": "evaluate", "model": model, "perplexity": {"seqlen": 64, "max_windows": 2}}
+    wait_done(api, api.post("/v1/jobs", json=evaluate).json()["id"], worker)
+    before = predict(api, model, [0.25])["before_pruning"]
+    assert before["own_points"] == 0 and before["profile_job_id"] == profile_job["id"]
+    assert before["chosen"] == "feature law: lens-kl-sum"
+    assert "summed lens KL is taken as the NLL increase" in before["reason"]
+    [face] = before["predictors"]  # no curve in the store: only the law that needs none answers
+    [predicted] = face["predictions"]
+    assert predicted["width"] == 48 and predicted["band"][0] < predicted["value"] < predicted["band"][1]
+
+    # A sweep under the same calibration: its points update every feature law and are backtested.
+    sweep = api.post("/v1/jobs", json=sweep_body(model, [0.1, 0.25], calibration=CALIBRATION)).json()
+    wait_done(api, sweep["id"], worker)
+    after = predict(api, model, [0.5])["before_pruning"]
+    assert after["own_points"] == 2 and after["mode"] == "one-point"
+    assert {p["feature"] for p in after["predictors"]} >= {"lens-kl-sum", "token-energy-mean"}
+    assert all(p["coefficient"]["points"] == 2 for p in after["predictors"])
+
+    curve = api.get(f"/v1/models/{model}/curves", params={"seqlen": 64, "max_windows": 2}).json()
+    assert curve["profile_predictor"] == after["chosen"]
+    assert curve["profile_predicted"][-1]["sparsity"] == 0.5  # the profile's largest sparsity
+    drawn = api.get(f"/v1/models/{model}/curves", params={"seqlen": 64, "max_windows": 2, "format": "svg"})
+    assert drawn.status_code == 200 and "from the profile" in drawn.text
+
+    backtests = api.get("/v1/backtests", params={"points": True}).json()
+    [curve] = backtests["curves"]
+    assert curve["model"] == model and "lens-kl-sum" in curve["features"]
+    scored = {(item["predictor"], item["mode"]): item for item in backtests["items"]}
+    assert scored[("strict law", "zero-points, leave-one-curve-out")]["n"] == 2
+    one_point = scored[("feature law: token-energy-mean", "one-point")]
+    assert one_point["n"] == 2 and {p["sparsity"] for p in one_point["points"]} == {0.1, 0.25}
+
+
+def test_profile_requests_are_checked_on_submit(api: TestClient, tiny_model_dir: Path) -> None:
+    assert_problem(api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), sparsities=[1.0])), 422)
+    assert_problem(api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), lens_tokens=-1)), 422)
+    assert_problem(api.get("/v1/models/no-such-model/profile"), 404)

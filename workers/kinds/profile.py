@@ -1,0 +1,115 @@
+"""`profile` jobs: one dense pass that measures what slicing would discard (workers.profiling).
+
+Stages and the share of the job's progress each one covers:
+
+    loading model  0.00-0.05
+    calibration    0.05-0.10  the seeded windows a SliceGPT prune with the same spec would draw
+    profiling      0.10-1.00  detail "block i/L"
+
+Stored: one `profiles` row (calibration record, widths, timings, versions) with one
+`profile_signals` row per residual signal (spectrum, token energies, lens readings). What a profile
+costs against a dense pass and a slicing run is measured by `bench/predict_smollm2.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from core.specs.profile import PROFILED_METHOD, ProfileJobCreate
+from core.tables import Profile, ProfileSignal
+from workers.context import JobContext, JobFailure
+from workers.environment import run_environment
+from workers.kinds.prune_steps import draw_calibration, lap
+from workers.kinds.steps import load_for_job, step_reporter
+from workers.profiling import ProfileReport, ProfileStopped, profile_model
+from workers.slicing.adapters import UnsupportedArchitectureError
+
+LOAD_END = 0.05
+CALIBRATION_END = 0.10
+
+
+def run(context: JobContext) -> None:
+    spec = ProfileJobCreate.model_validate(context.request)
+    started = time.perf_counter()
+    context.report("loading model", 0.0, spec.model)
+    source, loaded = load_for_job(context, spec)
+    environment = run_environment(loaded.device)
+    context.set_environment(environment)
+    timings = {"load_s": lap(started)}
+
+    context.report("calibration", LOAD_END, spec.calibration.corpus)
+    calibration, record = draw_calibration(context, loaded, spec.calibration, spec.seed, PROFILED_METHOD)
+    assert calibration is not None and record is not None  # slicing always calibrates
+    timings["calibration_s"] = lap(started) - timings["load_s"]
+
+    progress = step_reporter(context, "profiling", CALIBRATION_END, 1.0, "block")
+    profile_started = time.perf_counter()
+    try:
+        report = profile_model(
+            loaded.model,
+            calibration.input_ids,
+            calibration.attention_mask,
+            spec.sparsities,
+            round_to=spec.round_to,
+            batch_size=spec.calibration.batch_size,
+            lens_tokens=spec.lens_tokens,
+            device=loaded.device,
+            progress=progress,
+            should_stop=context.should_stop,
+        )
+    except ProfileStopped:
+        context.check_stop()
+        raise
+    except (UnsupportedArchitectureError, ValueError) as error:
+        raise JobFailure(f"profiling: {error}") from error
+    timings["profile_s"] = lap(profile_started)
+    timings["total_s"] = lap(started)
+
+    protocol = {
+        "calibration": {**record, "batch_size": spec.calibration.batch_size},
+        "round_to": spec.round_to,
+        "lens_tokens": report.lens_tokens,
+        "calibration_tokens": report.calibration_tokens,
+        "dtype": report.dtype,
+        "device": report.device,
+        "engine_timings_s": _engine_timings(report),
+        "timings": timings,
+        "environment": environment,
+    }
+    profile = Profile(
+        model_id=source.model_id,
+        model_revision=loaded.revision,
+        family=report.family,
+        hidden_size=report.hidden_size,
+        num_layers=report.num_layers,
+        protocol=protocol,
+        sparsities=report.sparsities,
+        widths=report.widths,
+        signals=[
+            ProfileSignal(
+                job_id=context.job_id,
+                position=signal.index,
+                kind=signal.kind,
+                layer=signal.layer,
+                eigenvalues=signal.eigenvalues,
+                token_energy=signal.token_energy,
+                lens=[asdict(reading) for reading in signal.lens],
+            )
+            for signal in report.signals
+        ],
+    )
+    context.add_profiles([profile])
+    context.log.info(
+        "profile finished", signals=len(report.signals), widths=report.widths, profile_s=timings["profile_s"]
+    )
+
+
+def _engine_timings(report: ProfileReport) -> dict[str, float]:
+    blocks = report.timings.get("blocks", [])
+    return {
+        "capture": round(float(report.timings.get("capture", 0.0)), 3),
+        "blocks": round(float(sum(blocks)), 3),
+        "lens": round(float(report.timings.get("lens", 0.0)), 3),
+        "total": round(float(report.timings.get("total", 0.0)), 3),
+    }

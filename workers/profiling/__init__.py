@@ -1,0 +1,19 @@
+"""Profiling a dense model for the predictors: what slicing would discard, without slicing."""
+
+from workers.profiling.profile import (
+    DEFAULT_LENS_TOKENS,
+    LensReading,
+    ProfileReport,
+    ProfileStopped,
+    SignalProfile,
+    profile_model,
+)
+
+__all__ = [
+    "DEFAULT_LENS_TOKENS",
+    "LensReading",
+    "ProfileReport",
+    "ProfileStopped",
+    "SignalProfile",
+    "profile_model",
+]

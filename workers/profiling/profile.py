@@ -1,0 +1,338 @@
+"""The profile: what slicing would discard, measured in one dense pass (docs/science.md, "Predicting
+before pruning").
+
+`profile_model` runs the calibration windows through the dense model block by block, as slicing
+does (one block on the compute device at a time, the activations where the model lives, progress
+"block i/L"), and does not change the model. For every residual signal slicing computes a PCA of
+(the embedding output, each block's pre-MLP stream, each block's output; the last one is what the
+final norm reads) it keeps:
+
+- the eigenvalues of the uncentred second moment C / positions, descending (not damped; the
+  damping slicing adds to the diagonal shifts every eigenvalue alike and leaves the basis as is);
+- the token energy: the share of each eigenvector in the energy of the *normalised* tokens
+  x / |x|, the stream the norms hand to the linears. A massive-activation direction holds most of
+  the raw energy of late signals, so the raw spectrum says little about what a norm's readers lose;
+  the token energy says it token by token;
+- a logit-lens reading per kept width d: that one signal projected on its top-d eigenvectors,
+  h' = h Q_d Q_d^T, read through the final norm and the head like the probes' counterfactual
+  (`workers.probing.counterfactual`), compared with h read the same way: mean KL(p || q) and its
+  Taylor estimate (`workers.probing.deviation`, the probes' own functions), and the mean increase
+  of the next token's NLL, on the first `lens_tokens` positions (first position of each window,
+  the attention sink, left out; 0: no lens readings). The head runs in float32 whatever the
+  model dtype.
+
+LayerNorm families (OPT, GPT-2, ...) are sliced after their mean is removed, so their signals are
+profiled centred (x - mean(x)), as slicing's PCAs see them.
+
+Cost: the dense pass, one D x D eigendecomposition per signal, and per signal (1 + widths) head
+readings of `lens_tokens` positions. The readings are dominated by the passes over the vocabulary
+(softmax, logsumexp, the variance), not by the head's matmul, so they cost about
+signals x (1 + widths) x lens_tokens x V element passes: with a 50k vocabulary, as much as a
+dense pass at a few hundred lens tokens (bench/predict_smollm2.py measures it). Peak memory:
+slicing's (the model, the calibration activations of one signal, one block's temporaries) plus the
+lens rows of one signal and one chunk of logits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from core.param_count import sliced_width
+from core.profiles import signal_name
+from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
+from workers.probing.common import token_chunks
+from workers.probing.deviation import DistributionReference, kl_deviation
+from workers.slicing.adapters import FamilyAdapter, detect_family
+from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
+from workers.slicing.fusion import hidden_width
+from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
+
+DEFAULT_LENS_TOKENS = 256
+
+
+class ProfileStopped(RuntimeError):
+    """should_stop() asked to stop; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class LensReading:
+    """One signal at one kept width, read through the final norm and head (means over lens tokens)."""
+
+    width: int
+    kl: float  # KL(p || q) in nats, p dense, q from the projected signal
+    kl_taylor: float  # Var_p(dz) / 2
+    nll_increase: float  # mean of log p(next token) - log q(next token)
+
+
+@dataclass(frozen=True)
+class SignalProfile:
+    """One residual signal: its spectrum and its lens readings."""
+
+    index: int  # position in the stream: 0 the embedding output, then per block (pre-mlp,) output
+    kind: str  # "embedding" | "pre-mlp" (between attention and MLP) | "output" (the block output)
+    layer: int | None  # the block, None for the embedding output
+    eigenvalues: list[float]  # of C / positions, descending
+    token_energy: list[float]  # share of each eigenvector in the normalised tokens' energy (sums to 1)
+    lens: list[LensReading]
+
+    @property
+    def name(self) -> str:
+        return signal_name(self.layer, self.kind)
+
+
+@dataclass
+class ProfileReport:
+    """What `profile_model` measured, for the job's rows."""
+
+    family: str
+    hidden_size: int
+    num_layers: int
+    sparsities: list[float]
+    round_to: int
+    widths: list[int]  # d per sparsity
+    calibration_sequences: int
+    calibration_tokens: int
+    lens_tokens: int
+    device: str
+    dtype: str
+    signals: list[SignalProfile]
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _LensRows:
+    """Where the lens positions sit in each calibration batch, and their next tokens."""
+
+    rows: list[torch.Tensor]  # per batch: (n_b,) row indices (possibly empty)
+    cols: list[torch.Tensor]  # per batch: (n_b,) position indices
+    labels: torch.Tensor  # (n,) next-token ids, in batch order
+
+    @classmethod
+    def choose(cls, input_ids: torch.Tensor, keep: torch.Tensor, batch_size: int, budget: int) -> _LensRows:
+        rows, cols, labels = [], [], []
+        left = budget
+        for start in range(0, input_ids.shape[0], batch_size):
+            ids, mask = input_ids[start : start + batch_size], keep[start : start + batch_size]  # (B, T)
+            usable = mask[:, :-1] & mask[:, 1:]  # a real token followed by a real one
+            usable[:, 0] = False  # the attention sink
+            r, c = usable.nonzero(as_tuple=True)
+            r, c = r[:left], c[:left]
+            left -= int(r.numel())
+            rows.append(r)
+            cols.append(c)
+            labels.append(ids[r, c + 1])
+        return cls(rows, cols, torch.cat(labels))
+
+    def gather(self, batch_index: int, signal: torch.Tensor) -> torch.Tensor:
+        """The lens positions of one batch's signal (B, T, D) -> (n_b, D)."""
+        rows, cols = self.rows[batch_index], self.cols[batch_index]
+        return signal[rows.to(signal.device), cols.to(signal.device)]
+
+
+class _Signal:
+    """One signal's running moments over the batches, and its lens rows."""
+
+    def __init__(self, width: int, compute: torch.device, centred: bool) -> None:
+        self.raw = torch.zeros(width, width, dtype=torch.float64, device=compute)  # (D, D): sum x x^T
+        self.normalised = torch.zeros_like(self.raw)  # (D, D): sum x x^T / |x|^2
+        self.positions = 0
+        self.lens_rows: list[torch.Tensor] = []
+        self.centred = centred
+
+    def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor) -> None:
+        """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows. Both moments
+        as slicing's `SecondMoment` accumulates C: float64, padded positions left out."""
+        if self.centred:
+            hidden, lens = _centre(hidden), _centre(lens)
+        x = hidden.to(device=self.raw.device, dtype=torch.float64)[keep.to(self.raw.device)]  # (positions, D)
+        self.raw += x.T @ x
+        x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        self.normalised += x.T @ x
+        self.positions += x.shape[0]
+        self.lens_rows.append(lens.detach())
+
+
+def _centre(x: torch.Tensor) -> torch.Tensor:
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def profile_model(
+    model: PreTrainedModel,
+    calibration_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sparsities: list[float],
+    *,
+    round_to: int = 8,
+    batch_size: int = 8,
+    lens_tokens: int = DEFAULT_LENS_TOKENS,
+    device: torch.device | str | None = None,
+    progress: ProgressCallback | None = None,
+    should_stop: StopCheck | None = None,
+) -> ProfileReport:
+    """Profile `model` on `calibration_ids` (N, T) for slicing to each of `sparsities` (module
+    docstring); the widths are slicing's, d = floor((1 - s) D) rounded down to `round_to`.
+    Unsupported models raise UnsupportedArchitectureError; the model is left unchanged."""
+    started = time.perf_counter()
+    keep = calibration_keep(calibration_ids, attention_mask, batch_size)
+    adapter = detect_family(model)
+    model.eval()
+    full = hidden_width(model, adapter)
+    widths = [sliced_width(full, s, round_to) for s in sparsities]
+    home = home_device(model)
+    compute = torch.device(device) if device is not None else home
+    blocks = adapter.blocks(model)
+    lens = _LensRows.choose(calibration_ids, keep, batch_size, lens_tokens)
+    reader = _HeadReader(model, adapter, compute, lens.labels)
+    centred = adapter.uses_layernorm
+
+    batches = capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
+    timings: dict[str, Any] = {"capture": time.perf_counter() - started, "blocks": [], "lens": 0.0}
+    embedding = _Signal(full, compute, centred)
+    for b, batch in enumerate(batches):
+        embedding.add(batch.hidden, batch.keep, lens.gather(b, batch.hidden))
+    signals = [_finish(embedding, 0, "embedding", None, widths, reader, timings)]
+    if progress is not None:
+        progress(0, len(blocks))
+    for index, block in enumerate(blocks):
+        if should_stop is not None and should_stop():
+            raise ProfileStopped(f"stopped before block {index} of {len(blocks)}")
+        block_started = time.perf_counter()
+        block.to(compute)
+        for kind, signal in _run_block(adapter, block, batches, lens, full, compute, home, centred):
+            signals.append(_finish(signal, len(signals), kind, index, widths, reader, timings))
+        block.to(home)
+        timings["blocks"].append(time.perf_counter() - block_started)
+        if progress is not None:
+            progress(index + 1, len(blocks))
+    batches.clear()
+    reader.release()
+    timings["total"] = time.perf_counter() - started
+    return ProfileReport(
+        family=adapter.name,
+        hidden_size=full,
+        num_layers=len(blocks),
+        sparsities=list(sparsities),
+        round_to=round_to,
+        widths=widths,
+        calibration_sequences=int(calibration_ids.shape[0]),
+        calibration_tokens=int(keep.sum()),
+        lens_tokens=int(lens.labels.numel()),
+        device=str(compute),
+        dtype=str(adapter.embeddings(model)[0].weight.dtype).removeprefix("torch."),
+        signals=signals,
+        timings=timings,
+    )
+
+
+def _run_block(
+    adapter: FamilyAdapter,
+    block: nn.Module,
+    batches: list[BlockBatch],
+    lens: _LensRows,
+    full: int,
+    compute: torch.device,
+    home: torch.device,
+    centred: bool,
+) -> list[tuple[str, _Signal]]:
+    """The dense block on every batch, branch by branch; each batch advances to the block output."""
+    parallel = adapter.is_parallel(block)
+    mid = None if parallel else _Signal(full, compute, centred)
+    out = _Signal(full, compute, centred)
+    for b, batch in enumerate(batches):
+        hidden, args, kwargs = move_to((batch.hidden, batch.args, batch.kwargs), compute)
+        if parallel:
+            y = ParallelSkipConnectedBlock(block, adapter)(hidden, *args, **kwargs)  # (B, T, D)
+        else:
+            wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block
+            h = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
+            assert mid is not None
+            mid.add(h, batch.keep, lens.gather(b, h))
+            y = wrapper.mlp_residual(h)  # (B, T, D)
+        out.add(y, batch.keep, lens.gather(b, y))
+        batch.hidden = y.to(home)
+    return [("output", out)] if mid is None else [("pre-mlp", mid), ("output", out)]
+
+
+def _finish(
+    signal: _Signal,
+    index: int,
+    kind: str,
+    layer: int | None,
+    widths: list[int],
+    reader: _HeadReader,
+    timings: dict[str, Any],
+) -> SignalProfile:
+    """Eigendecomposition of the signal's moment, token energies and lens readings per width."""
+    values, vectors = torch.linalg.eigh(signal.raw / max(signal.positions, 1))  # ascending
+    order = torch.argsort(values, descending=True)
+    values, vectors = values[order].clamp_min(0.0), vectors[:, order]  # (D,), (D, D)
+    shares = (vectors.T @ signal.normalised @ vectors).diagonal()  # (D,)
+    shares = shares.clamp_min(0.0) / shares.sum().clamp_min(1e-30)
+    lens_started = time.perf_counter()
+    rows = torch.cat(signal.lens_rows) if signal.lens_rows else None  # (n, D)
+    readings = [] if rows is None or rows.shape[0] == 0 else reader.read(rows, vectors, widths)
+    timings["lens"] += time.perf_counter() - lens_started
+    return SignalProfile(
+        index=index,
+        kind=kind,
+        layer=layer,
+        eigenvalues=values.tolist(),
+        token_energy=shares.tolist(),
+        lens=readings,
+    )
+
+
+class _HeadReader:
+    """The final norm and the head in float32 on the compute device, reading lens rows."""
+
+    def __init__(
+        self, model: PreTrainedModel, adapter: FamilyAdapter, compute: torch.device, labels: torch.Tensor
+    ) -> None:
+        self.norm = adapter.final_norm(model)
+        self.home = home_device(model)
+        self.norm.to(compute)
+        head = adapter.lm_head(model)
+        self.weight = head.weight.detach().to(device=compute, dtype=torch.float32)  # (V, D)
+        self.bias = None if head.bias is None else head.bias.detach().to(device=compute, dtype=torch.float32)
+        self.labels = labels.to(compute)
+        self.compute = compute
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, D) -> (n, V) float32: the final norm in the model's dtype, the head in float32."""
+        normed = self.norm(hidden.to(self.compute)).float()
+        return torch.nn.functional.linear(normed, self.weight, self.bias)
+
+    def read(self, rows: torch.Tensor, vectors: torch.Tensor, widths: list[int]) -> list[LensReading]:
+        """Per width: rows projected on the top-d eigenvectors (float64), read against the rows."""
+        dtype = rows.dtype
+        rows = rows.to(self.compute)
+        rows64 = rows.double()
+        projected = {d: (rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(dtype) for d in set(widths)}
+        sums = {d: torch.zeros(3, dtype=torch.float64) for d in projected}
+        for chunk in token_chunks(rows.shape[0], self.weight.shape[0]):
+            dense = self.logits(rows[chunk])  # (c, V)
+            reference = DistributionReference.of(dense)
+            labels = self.labels[chunk]
+            dense_nll = -reference.log_p.gather(1, labels[:, None]).squeeze(1)  # (c,)
+            for d, hidden in projected.items():
+                pruned = self.logits(hidden[chunk])
+                kl = kl_deviation(reference, pruned)
+                assert kl.estimates is not None  # KL always carries its Taylor estimate
+                pruned_nll = torch.logsumexp(pruned, dim=-1) - pruned.gather(1, labels[:, None]).squeeze(1)
+                increase = pruned_nll - dense_nll
+                sums[d] += torch.stack([kl.values.sum(), kl.estimates.sum(), increase.sum()]).double().cpu()
+        n = max(rows.shape[0], 1)
+        return [
+            LensReading(width=d, kl=float(s[0] / n), kl_taylor=float(s[1] / n), nll_increase=float(s[2] / n))
+            for d, s in ((d, sums[d]) for d in widths)
+        ]
+
+    def release(self) -> None:
+        self.norm.to(self.home)
