@@ -11,7 +11,8 @@ Usage (from the repository root; the sweeps first, into one store, then this):
 Steps, each the way a user's request runs (the app behind a TestClient, the embedded worker):
 
 1. a `profile` job per calibration corpus, with the sweeps' calibration (128 x 512, seed 42,
-   batch 8) and sparsities 0.1..0.5;
+   batch 8) and sparsities 0.1..0.5; with `--measured-on boolq-passages`, each profile measures
+   what its basis discards on 32 other windows of that corpus (seed 1234), not on its own windows;
 2. cost, side by side in fresh subprocesses one after another on the same windows: one plain
    dense forward (the yardstick), the profile engine, and SliceGPT at s = 0.25; wall time and the
    subprocess's peak RSS (VmHWM);
@@ -56,6 +57,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--corpora", nargs="+", default=["boolq-passages", "lambada-passages"])
     parser.add_argument("--lens-tokens", type=int, default=256)
+    parser.add_argument(
+        "--measured-on",
+        default=None,
+        help="measure every profile's discard on windows of this corpus (default: its calibration windows)",
+    )
+    parser.add_argument("--measured-sequences", type=int, default=32)
+    parser.add_argument("--calibration-sequences", type=int, default=CALIBRATION["num_sequences"])
+    parser.add_argument("--calibration-seed", type=int, default=None, help="default: the job's seed, 42")
+    parser.add_argument("--measured-seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-profiles", action="store_true", help="reuse the profiles in the store")
     parser.add_argument("--skip-cost", action="store_true")
@@ -298,9 +308,23 @@ def main() -> None:
                     {
                         "kind": "profile",
                         "model": args.model,
-                        "calibration": {**CALIBRATION, "corpus": corpus},
+                        "calibration": {
+                            **CALIBRATION,
+                            "corpus": corpus,
+                            "num_sequences": args.calibration_sequences,
+                            "seed": args.calibration_seed,
+                        },
                         "sparsities": SPARSITIES,
                         "lens_tokens": args.lens_tokens,
+                        "measured_on": None
+                        if args.measured_on is None
+                        else {
+                            "corpus": args.measured_on,
+                            "num_sequences": args.measured_sequences,
+                            "seqlen": CALIBRATION["seqlen"],
+                            "batch_size": CALIBRATION["batch_size"],
+                            "seed": args.measured_seed,
+                        },
                     },
                 )
                 for corpus in args.corpora

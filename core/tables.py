@@ -249,7 +249,8 @@ class ProfileSignal(Base):
     position: Mapped[int] = mapped_column(Integer)  # 0 the embedding output, then along the stream
     kind: Mapped[str] = mapped_column(String(16))  # embedding | pre-mlp | output
     layer: Mapped[int | None] = mapped_column(Integer, default=None)
-    eigenvalues: Mapped[list[float]] = mapped_column(JSON)  # of C / positions, descending
-    token_energy: Mapped[list[float]] = mapped_column(JSON)  # per eigenvector, sums to 1
+    eigenvalues: Mapped[list[float]] = mapped_column(JSON)  # of the calibration's C / positions, descending
+    energy: Mapped[list[float]] = mapped_column(JSON)  # per eigenvector, on the measured windows, sums to 1
+    token_energy: Mapped[list[float]] = mapped_column(JSON)  # the same for the normalised tokens
     lens: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{width, kl, kl_taylor, nll_increase}]
     profile: Mapped[Profile] = relationship(back_populates="signals")

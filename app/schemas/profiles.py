@@ -30,6 +30,9 @@ class SignalPublic(BaseModel):
     eigenvalues: list[float] | None = Field(
         None, description="With `spectra=true`: of C / positions, descending."
     )
+    energy: list[float] | None = Field(
+        None, description="With `spectra=true`: each eigenvector's share of the measured windows' energy."
+    )
     token_energy: list[float] | None = Field(None, description="With `spectra=true`: per eigenvector.")
 
 

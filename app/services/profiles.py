@@ -100,6 +100,7 @@ def stored_profile(row: Profile) -> StoredProfile:
             kind=signal.kind,
             layer=signal.layer,
             eigenvalues=tuple(signal.eigenvalues),
+            energy=tuple(signal.energy or ()),  # () reads the eigenvalues (in-sample)
             token_energy=tuple(signal.token_energy),
             lens={
                 int(r["width"]): LensMeans(float(r["kl"]), float(r["kl_taylor"]), float(r["nll_increase"]))
@@ -345,6 +346,7 @@ def profile_public(profile: StoredProfile, *, spectra: bool = False) -> ProfileP
                 token_discarded=[signal.token_discarded(d) for d in row.widths],
                 lens=[LensPublic(**reading) for reading in stored.lens],
                 eigenvalues=list(signal.eigenvalues) if spectra else None,
+                energy=list(signal.energy) if spectra else None,
                 token_energy=list(signal.token_energy) if spectra else None,
             )
         )

@@ -36,6 +36,12 @@ class ProfileJobCreate(ModelSpec):
         description="Sparsities whose widths get lens readings (each costs one head reading per signal); "
         "the spectra serve every width. Predictions between two of them interpolate the lens readings.",
     )
+    measured_on: CalibrationSpec | None = Field(
+        None,
+        description="Windows to measure what the calibration basis discards on (and the lens readings): "
+        "text like what the pruned model will be scored on (never its test split), so the profile sees "
+        "how well the calibration generalises to it. null: the calibration windows themselves.",
+    )
     round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
     lens_tokens: int = Field(
         256,

@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(length=16), nullable=False),
         sa.Column("layer", sa.Integer(), nullable=True),
         sa.Column("eigenvalues", sa.JSON(), nullable=False),
+        sa.Column("energy", sa.JSON(), nullable=False),
         sa.Column("token_energy", sa.JSON(), nullable=False),
         sa.Column("lens", sa.JSON(), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.app.test_jobs_api import assert_problem
@@ -97,3 +98,17 @@ def test_profile_requests_are_checked_on_submit(api: TestClient, tiny_model_dir:
     assert_problem(api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), sparsities=[1.0])), 422)
     assert_problem(api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), lens_tokens=-1)), 422)
     assert_problem(api.get("/v1/models/no-such-model/profile"), 404)
+
+
+def test_a_profile_measured_on_other_windows_records_them(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    measured_on = {"num_sequences": 2, "seqlen": 32, "batch_size": 2, "seed": 5}
+    job = api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), measured_on=measured_on)).json()
+    wait_done(api, job["id"], worker)
+    profile = api.get(f"/v1/models/{tiny_model_dir}/profile", params={"spectra": True}).json()
+    assert profile["protocol"]["measured_on"]["seed"] == 5 and profile["protocol"]["measured_tokens"] == 64
+    assert profile["calibration"]["seed"] == 42  # the basis is still the calibration's
+    signal = profile["signals"][-1]
+    assert sum(signal["energy"]) == pytest.approx(1.0) and signal["energy"] != signal["token_energy"]

@@ -4,6 +4,7 @@ Stages and the share of the job's progress each one covers:
 
     loading model  0.00-0.05
     calibration    0.05-0.10  the seeded windows a SliceGPT prune with the same spec would draw
+                              (and the `measured_on` windows, when given)
     profiling      0.10-1.00  detail "block i/L"
 
 Stored: one `profiles` row (calibration record, widths, timings, versions) with one
@@ -41,6 +42,12 @@ def run(context: JobContext) -> None:
     context.report("calibration", LOAD_END, spec.calibration.corpus)
     calibration, record = draw_calibration(context, loaded, spec.calibration, spec.seed, PROFILED_METHOD)
     assert calibration is not None and record is not None  # slicing always calibrates
+    measured, measured_record = None, None
+    if spec.measured_on is not None:
+        measured, measured_record = draw_calibration(
+            context, loaded, spec.measured_on, spec.seed, PROFILED_METHOD
+        )
+        assert measured is not None
     timings["calibration_s"] = lap(started) - timings["load_s"]
 
     progress = step_reporter(context, "profiling", CALIBRATION_END, 1.0, "block")
@@ -54,6 +61,8 @@ def run(context: JobContext) -> None:
             round_to=spec.round_to,
             batch_size=spec.calibration.batch_size,
             lens_tokens=spec.lens_tokens,
+            measured_ids=None if measured is None else measured.input_ids,
+            measured_mask=None if measured is None else measured.attention_mask,
             device=loaded.device,
             progress=progress,
             should_stop=context.should_stop,
@@ -68,6 +77,8 @@ def run(context: JobContext) -> None:
 
     protocol = {
         "calibration": {**record, "batch_size": spec.calibration.batch_size},
+        "measured_on": measured_record,  # null: the calibration windows
+        "measured_tokens": report.measured_tokens,
         "round_to": spec.round_to,
         "lens_tokens": report.lens_tokens,
         "calibration_tokens": report.calibration_tokens,
@@ -93,6 +104,7 @@ def run(context: JobContext) -> None:
                 kind=signal.kind,
                 layer=signal.layer,
                 eigenvalues=signal.eigenvalues,
+                energy=signal.energy,
                 token_energy=signal.token_energy,
                 lens=[asdict(reading) for reading in signal.lens],
             )

@@ -9,17 +9,23 @@ final norm reads) it keeps:
 
 - the eigenvalues of the uncentred second moment C / positions, descending (not damped; the
   damping slicing adds to the diagonal shifts every eigenvalue alike and leaves the basis as is);
-- the token energy: the share of each eigenvector in the energy of the *normalised* tokens
-  x / |x|, the stream the norms hand to the linears. A massive-activation direction holds most of
+  the eigenvectors are slicing's basis;
+- the energy: the share of each eigenvector in the signal's energy on the windows the profile is
+  *measured on*: the calibration windows themselves by default (then it is the eigenvalue share), or
+  other windows (`measured_ids`), text like what the model will be scored on. In-sample, a basis
+  fitted to the calibration text always looks good; on other text it shows what slicing will lose
+  there (docs/science.md measured how much that matters);
+- the token energy: the same share for the *normalised* tokens x / |x| (on the measured windows),
+  the stream the norms hand to the linears. A massive-activation direction holds most of
   the raw energy of late signals, so the raw spectrum says little about what a norm's readers lose;
   the token energy says it token by token;
 - a logit-lens reading per kept width d: that one signal projected on its top-d eigenvectors,
   h' = h Q_d Q_d^T, read through the final norm and the head like the probes' counterfactual
   (`workers.probing.counterfactual`), compared with h read the same way: mean KL(p || q) and its
   Taylor estimate (`workers.probing.deviation`, the probes' own functions), and the mean increase
-  of the next token's NLL, on the first `lens_tokens` positions (first position of each window,
-  the attention sink, left out; 0: no lens readings). The head runs in float32 whatever the
-  model dtype.
+  of the next token's NLL, on the first `lens_tokens` positions of the measured windows (first
+  position of each window, the attention sink, left out; 0: no lens readings). The head runs in
+  float32 whatever the model dtype.
 
 LayerNorm families (OPT, GPT-2, ...) are sliced after their mean is removed, so their signals are
 profiled centred (x - mean(x)), as slicing's PCAs see them.
@@ -30,7 +36,7 @@ readings of `lens_tokens` positions. The readings are dominated by the passes ov
 signals x (1 + widths) x lens_tokens x V element passes: with a 50k vocabulary, as much as a
 dense pass at a few hundred lens tokens (bench/predict_smollm2.py measures it). Peak memory:
 slicing's (the model, the calibration activations of one signal, one block's temporaries) plus the
-lens rows of one signal and one chunk of logits.
+measured windows' activations, the lens rows of one signal and one chunk of logits.
 """
 
 from __future__ import annotations
@@ -77,7 +83,8 @@ class SignalProfile:
     index: int  # position in the stream: 0 the embedding output, then per block (pre-mlp,) output
     kind: str  # "embedding" | "pre-mlp" (between attention and MLP) | "output" (the block output)
     layer: int | None  # the block, None for the embedding output
-    eigenvalues: list[float]  # of C / positions, descending
+    eigenvalues: list[float]  # of the calibration windows' C / positions, descending (slicing's basis)
+    energy: list[float]  # share of each eigenvector in the measured windows' energy (sums to 1)
     token_energy: list[float]  # share of each eigenvector in the normalised tokens' energy (sums to 1)
     lens: list[LensReading]
 
@@ -103,6 +110,7 @@ class ProfileReport:
     dtype: str
     signals: list[SignalProfile]
     timings: dict[str, Any] = field(default_factory=dict)
+    measured_tokens: int = 0  # positions the shares were measured on (the calibration's by default)
 
 
 @dataclass
@@ -145,17 +153,20 @@ class _Signal:
         self.lens_rows: list[torch.Tensor] = []
         self.centred = centred
 
-    def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor) -> None:
-        """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows. Both moments
-        as slicing's `SecondMoment` accumulates C: float64, padded positions left out."""
+    def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor | None) -> None:
+        """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows (None: not
+        gathered). Both moments as slicing's `SecondMoment` accumulates C: float64, padded positions
+        left out."""
         if self.centred:
-            hidden, lens = _centre(hidden), _centre(lens)
+            hidden = _centre(hidden)
+            lens = None if lens is None else _centre(lens)
         x = hidden.to(device=self.raw.device, dtype=torch.float64)[keep.to(self.raw.device)]  # (positions, D)
         self.raw += x.T @ x
         x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         self.normalised += x.T @ x
         self.positions += x.shape[0]
-        self.lens_rows.append(lens.detach())
+        if lens is not None:
+            self.lens_rows.append(lens.detach())
 
 
 def _centre(x: torch.Tensor) -> torch.Tensor:
@@ -172,12 +183,18 @@ def profile_model(
     round_to: int = 8,
     batch_size: int = 8,
     lens_tokens: int = DEFAULT_LENS_TOKENS,
+    measured_ids: torch.Tensor | None = None,
+    measured_mask: torch.Tensor | None = None,
     device: torch.device | str | None = None,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> ProfileReport:
     """Profile `model` on `calibration_ids` (N, T) for slicing to each of `sparsities` (module
     docstring); the widths are slicing's, d = floor((1 - s) D) rounded down to `round_to`.
+
+    The bases are always the calibration windows' (slicing's). With `measured_ids` (M, T') what they
+    discard, and the lens readings, are measured on those windows instead: text like what the pruned
+    model will be scored on, so the profile sees how well the calibration generalises to it.
     Unsupported models raise UnsupportedArchitectureError; the model is left unchanged."""
     started = time.perf_counter()
     keep = calibration_keep(calibration_ids, attention_mask, batch_size)
@@ -188,16 +205,25 @@ def profile_model(
     home = home_device(model)
     compute = torch.device(device) if device is not None else home
     blocks = adapter.blocks(model)
-    lens = _LensRows.choose(calibration_ids, keep, batch_size, lens_tokens)
-    reader = _HeadReader(model, adapter, compute, lens.labels)
     centred = adapter.uses_layernorm
-
-    batches = capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
+    stream = _Stream(model, adapter, calibration_ids, keep, batch_size, compute, home)
+    measured = stream
+    if measured_ids is not None:
+        measured_keep = calibration_keep(measured_ids, measured_mask, batch_size)
+        measured = _Stream(model, adapter, measured_ids, measured_keep, batch_size, compute, home)
+    lens = _LensRows.choose(measured.ids, measured.keep, batch_size, lens_tokens)
+    reader = _HeadReader(model, adapter, compute, lens.labels)
     timings: dict[str, Any] = {"capture": time.perf_counter() - started, "blocks": [], "lens": 0.0}
-    embedding = _Signal(full, compute, centred)
-    for b, batch in enumerate(batches):
-        embedding.add(batch.hidden, batch.keep, lens.gather(b, batch.hidden))
-    signals = [_finish(embedding, 0, "embedding", None, widths, reader, timings)]
+
+    def finish(pairs: list[tuple[str, _Signal, _Signal]], layer: int | None) -> None:
+        for kind, basis, seen in pairs:
+            signals.append(_finish(basis, seen, len(signals), kind, layer, widths, reader, timings))
+
+    signals: list[SignalProfile] = []
+    separate = measured is not stream
+    own_lens = None if separate else lens  # the calibration stream reads the lens only if measured on
+    seen = measured.embedding(full, compute, centred, lens) if separate else None
+    finish(_zip(stream.embedding(full, compute, centred, own_lens), seen), None)
     if progress is not None:
         progress(0, len(blocks))
     for index, block in enumerate(blocks):
@@ -205,13 +231,17 @@ def profile_model(
             raise ProfileStopped(f"stopped before block {index} of {len(blocks)}")
         block_started = time.perf_counter()
         block.to(compute)
-        for kind, signal in _run_block(adapter, block, batches, lens, full, compute, home, centred):
-            signals.append(_finish(signal, len(signals), kind, index, widths, reader, timings))
+        basis_signals = _run_block(adapter, block, stream.batches, own_lens, full, compute, home, centred)
+        seen_signals = None
+        if separate:
+            seen_signals = _run_block(adapter, block, measured.batches, lens, full, compute, home, centred)
+        finish(_zip(basis_signals, seen_signals), index)
         block.to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
         if progress is not None:
             progress(index + 1, len(blocks))
-    batches.clear()
+    stream.batches.clear()
+    measured.batches.clear()
     reader.release()
     timings["total"] = time.perf_counter() - started
     return ProfileReport(
@@ -228,20 +258,58 @@ def profile_model(
         dtype=str(adapter.embeddings(model)[0].weight.dtype).removeprefix("torch."),
         signals=signals,
         timings=timings,
+        measured_tokens=int(measured.keep.sum()),
     )
+
+
+class _Stream:
+    """Windows on their way through the dense blocks: what block 0 receives, batch by batch."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        adapter: FamilyAdapter,
+        ids: torch.Tensor,
+        keep: torch.Tensor,
+        batch_size: int,
+        compute: torch.device,
+        home: torch.device,
+    ) -> None:
+        self.ids, self.keep = ids, keep
+        self.batches = capture_block_inputs(model, adapter, ids, keep, batch_size, compute, home)
+
+    def embedding(
+        self, full: int, compute: torch.device, centred: bool, lens: _LensRows | None
+    ) -> list[tuple[str, _Signal]]:
+        """The embedding output as a signal (lens rows gathered when `lens` is given)."""
+        signal = _Signal(full, compute, centred)
+        for b, batch in enumerate(self.batches):
+            signal.add(batch.hidden, batch.keep, None if lens is None else lens.gather(b, batch.hidden))
+        return [("embedding", signal)]
+
+
+def _zip(
+    basis: list[tuple[str, _Signal]], seen: list[tuple[str, _Signal]] | None
+) -> list[tuple[str, _Signal, _Signal]]:
+    """(kind, the signal the basis comes from, the signal it is measured on): one and the same
+    without separate measured windows."""
+    if seen is None:
+        return [(kind, signal, signal) for kind, signal in basis]
+    return [(kind, b, m) for (kind, b), (_, m) in zip(basis, seen, strict=True)]
 
 
 def _run_block(
     adapter: FamilyAdapter,
     block: nn.Module,
     batches: list[BlockBatch],
-    lens: _LensRows,
+    lens: _LensRows | None,
     full: int,
     compute: torch.device,
     home: torch.device,
     centred: bool,
 ) -> list[tuple[str, _Signal]]:
-    """The dense block on every batch, branch by branch; each batch advances to the block output."""
+    """The dense block on every batch, branch by branch; each batch advances to the block output.
+    Lens rows are gathered only when `lens` is given (the windows the profile is measured on)."""
     parallel = adapter.is_parallel(block)
     mid = None if parallel else _Signal(full, compute, centred)
     out = _Signal(full, compute, centred)
@@ -253,15 +321,16 @@ def _run_block(
             wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block
             h = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
             assert mid is not None
-            mid.add(h, batch.keep, lens.gather(b, h))
+            mid.add(h, batch.keep, None if lens is None else lens.gather(b, h))
             y = wrapper.mlp_residual(h)  # (B, T, D)
-        out.add(y, batch.keep, lens.gather(b, y))
+        out.add(y, batch.keep, None if lens is None else lens.gather(b, y))
         batch.hidden = y.to(home)
     return [("output", out)] if mid is None else [("pre-mlp", mid), ("output", out)]
 
 
 def _finish(
-    signal: _Signal,
+    basis: _Signal,
+    seen: _Signal,
     index: int,
     kind: str,
     layer: int | None,
@@ -269,14 +338,13 @@ def _finish(
     reader: _HeadReader,
     timings: dict[str, Any],
 ) -> SignalProfile:
-    """Eigendecomposition of the signal's moment, token energies and lens readings per width."""
-    values, vectors = torch.linalg.eigh(signal.raw / max(signal.positions, 1))  # ascending
+    """The eigendecomposition of `basis`'s moment (slicing's), and in that basis the energy shares,
+    token energies and lens readings of `seen` (the same signal, or its measured windows)."""
+    values, vectors = torch.linalg.eigh(basis.raw / max(basis.positions, 1))  # ascending
     order = torch.argsort(values, descending=True)
     values, vectors = values[order].clamp_min(0.0), vectors[:, order]  # (D,), (D, D)
-    shares = (vectors.T @ signal.normalised @ vectors).diagonal()  # (D,)
-    shares = shares.clamp_min(0.0) / shares.sum().clamp_min(1e-30)
     lens_started = time.perf_counter()
-    rows = torch.cat(signal.lens_rows) if signal.lens_rows else None  # (n, D)
+    rows = torch.cat(seen.lens_rows) if seen.lens_rows else None  # (n, D)
     readings = [] if rows is None or rows.shape[0] == 0 else reader.read(rows, vectors, widths)
     timings["lens"] += time.perf_counter() - lens_started
     return SignalProfile(
@@ -284,9 +352,16 @@ def _finish(
         kind=kind,
         layer=layer,
         eigenvalues=values.tolist(),
-        token_energy=shares.tolist(),
+        energy=_shares(vectors, seen.raw).tolist(),
+        token_energy=_shares(vectors, seen.normalised).tolist(),
         lens=readings,
     )
+
+
+def _shares(vectors: torch.Tensor, moment: torch.Tensor) -> torch.Tensor:
+    """diag(Q^T M Q) / trace: each eigenvector's share of a moment's energy, summing to 1."""
+    shares = (vectors.T @ moment @ vectors).diagonal().clamp_min(0.0)  # (D,)
+    return shares / shares.sum().clamp_min(1e-30)
 
 
 class _HeadReader:

@@ -21,7 +21,13 @@ def _one_thread(one_torch_thread: None) -> None:
 def _spectrum(signal: SignalProfile) -> SignalSpectrum:
     lens = {r.width: LensMeans(r.kl, r.kl_taylor, r.nll_increase) for r in signal.lens}
     return SignalSpectrum(
-        signal.index, signal.kind, signal.layer, tuple(signal.eigenvalues), tuple(signal.token_energy), lens
+        signal.index,
+        signal.kind,
+        signal.layer,
+        tuple(signal.eigenvalues),
+        tuple(signal.token_energy),
+        lens,
+        energy=tuple(signal.energy),
     )
 
 
@@ -139,3 +145,20 @@ def test_no_lens_tokens_means_spectra_only() -> None:
     report = profile_model(build("llama"), token_ids(2, 8), None, [0.5], lens_tokens=0)
     assert report.lens_tokens == 0
     assert all(signal.lens == [] and signal.eigenvalues for signal in report.signals)
+
+
+def test_measured_windows_keep_the_calibration_basis_and_measure_what_it_discards_on_them() -> None:
+    model, ids = build("llama"), token_ids(4, 16)
+    alone = profile_model(model, ids, None, [0.5], batch_size=2, lens_tokens=20)
+    same = profile_model(model, ids, None, [0.5], batch_size=2, lens_tokens=20, measured_ids=ids)
+    other = profile_model(
+        model, ids, None, [0.5], batch_size=2, lens_tokens=20, measured_ids=token_ids(4, 16, seed=9)
+    )
+    for a, b, c in zip(alone.signals, same.signals, other.signals, strict=True):
+        total = sum(a.eigenvalues)
+        assert a.energy == pytest.approx([v / total for v in a.eigenvalues], abs=1e-9)
+        assert b.energy == pytest.approx(a.energy, abs=1e-9) and b.lens == a.lens
+        assert c.eigenvalues == a.eigenvalues  # the basis is the calibration's
+        held_out, in_sample = _spectrum(c).discarded(32), _spectrum(a).discarded(32)
+        assert held_out != pytest.approx(in_sample, rel=1e-3)
+    assert other.measured_tokens == 64
