@@ -47,8 +47,9 @@ class ProfileJobCreate(ModelSpec):
         256,
         ge=0,
         le=MAX_LENS_TOKENS,
-        description="Calibration positions read through the final norm and head per signal and width "
-        "(the first ones, the first position of each window left out). Each costs a pass over the "
+        description="Positions read through the final norm and head per signal and width: the first "
+        "ones of the `measured_on` windows (else of the calibration windows), the first position of each "
+        "window left out. Each costs a pass over the "
         "vocabulary per signal and width; 0 skips the lens readings (the spectra alone are cheap), and "
         "with them the lens-KL predictors.",
     )
