@@ -132,15 +132,16 @@ class LawFit:
     """What a feature law knows from its training curves: its exponent and the prior of c (None
     when no training curve has the feature and the law has no face value)."""
 
-    exponent: float
+    exponent: feature_laws.Exponent
     prior: Coefficient | None
+    log_anchor: float = 0.0  # mean ln F of the training points: where the prior's c is pinned
 
 
 def law_prior(law: FeatureLaw, training: Sequence[Curve]) -> LawFit | None:
     """The exponent and the empirical-Bayes prior of c from `training` (None when the law cannot
     answer at all: a power law needs curves to pool its exponent from)."""
     usable = [c for c in training if law.feature in c.features]
-    exponent = 1.0
+    exponent = feature_laws.LINEAR
     if law.power:
         pooled = feature_laws.pooled_exponent([c.feature_points(law.feature) for c in usable])
         if pooled is None:
@@ -149,15 +150,17 @@ def law_prior(law: FeatureLaw, training: Sequence[Curve]) -> LawFit | None:
     fits = []
     for curve in usable:
         try:
-            fits.append(feature_laws.fit_curve(curve.feature_points(law.feature, exponent=exponent)))
+            fits.append(feature_laws.fit_curve(curve.feature_points(law.feature, exponent=exponent.value)))
         except ValueError:
             continue
     if fits:
         labels = ", ".join(c.label for c in usable)
-        beta = f", beta = {exponent:.3g}" if law.power else ""
-        return LawFit(exponent, feature_laws.pool(fits, f"pooled over {len(fits)} curve(s){beta}: {labels}"))
+        beta = f", beta = {exponent.value:.3g} +- {exponent.sd:.2g}" if law.power else ""
+        prior = feature_laws.pool(fits, f"pooled over {len(fits)} curve(s){beta}: {labels}")
+        anchor = feature_laws.log_anchor([p for c in usable for p in c.feature_points(law.feature)])
+        return LawFit(exponent, prior, anchor)
     if law.feature == UNCALIBRATED_FEATURE and not law.power:
-        return LawFit(1.0, feature_laws.uncalibrated())
+        return LawFit(exponent, feature_laws.uncalibrated())
     return LawFit(exponent, None)
 
 
@@ -183,9 +186,8 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
             for curve in with_feature:
                 fit = law_prior(law, others(curve, with_feature))
                 if fit is not None and fit.prior is not None:
-                    held += _predict_all(
-                        curve, law, fit.exponent, fit.prior, range(len(curve.points)), fit.prior.source
-                    )
+                    every = range(len(curve.points))
+                    held += _predict_all(curve, law, fit, fit.prior, every, fit.prior.source, fit.log_anchor)
             scores.append(Score(law.predictor, mode, level, tuple(held)))
         held = []
         for curve in with_feature:
@@ -194,7 +196,7 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
                 continue
             for anchor in range(len(curve.points)):
                 at = f"s = {curve.points[anchor][0]:g}"
-                own = curve.feature_points(law.feature, [anchor], fit.exponent)
+                own = curve.feature_points(law.feature, [anchor], fit.exponent.value)
                 coefficient = law_coefficient(fit, own, f"{at} alone")
                 if coefficient is None:
                     continue  # F = 0 at the anchor: it says nothing about c
@@ -202,7 +204,8 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
                 fitted_on = (
                     coefficient.source if fit.prior is None else f"{at} and the prior {fit.prior.source}"
                 )
-                held += _predict_all(curve, law, fit.exponent, coefficient, rest, fitted_on)
+                pinned = feature_laws.log_anchor(curve.feature_points(law.feature, [anchor]))
+                held += _predict_all(curve, law, fit, coefficient, rest, fitted_on, pinned)
         scores.append(Score(law.predictor, ONE_POINT, level, tuple(held)))
     face = [
         point
@@ -211,7 +214,7 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
         for point in _predict_all(
             curve,
             FeatureLaw(UNCALIBRATED_FEATURE),
-            1.0,
+            LawFit(feature_laws.LINEAR, None),
             feature_laws.uncalibrated(),
             range(len(curve.points)),
             "nothing",
@@ -236,16 +239,19 @@ def _other_models(curve: Curve, pool: Sequence[Curve]) -> list[Curve]:
 def _predict_all(
     curve: Curve,
     law: FeatureLaw,
-    exponent: float,
+    fit: LawFit,
     coefficient: Coefficient,
     indices: Iterable[int],
     fitted_on: str,
+    log_anchor: float = 0.0,
 ) -> list[HeldOut]:
     held = []
     for i in indices:
         s, measured = curve.points[i]
-        value = curve.features[law.feature][i] ** exponent
-        predicted = feature_laws.predict(curve.ppl0, value, coefficient)
+        feature = curve.features[law.feature][i]
+        predicted = feature_laws.predict(
+            curve.ppl0, feature, coefficient, exponent=fit.exponent, log_anchor=log_anchor
+        )
         held.append(HeldOut(curve.label, s, measured, predicted.value, predicted.band, fitted_on))
     return held
 

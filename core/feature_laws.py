@@ -40,6 +40,11 @@ COEFFICIENT_SPREAD0 = 0.5
 within about +-50 % (one sd) of the pooled one. An assumption, not a fit: it states that models of
 other sizes and families may need a different c; the backtests report how it covers."""
 
+EXPONENT_SPREAD0 = 0.1
+"""Prior spread (one sd) of a new curve's beta about the pooled one. An assumption, like
+`COEFFICIENT_SPREAD0`: it was set after the one-point bands were seen to under-cover without any
+exponent spread (docs/science.md), so the coverage they reach with it is not an independent check."""
+
 PRIOR_CURVES = 2.0
 """How many curves the prior spread is worth when pooled with the observed spread of the c_m."""
 
@@ -101,10 +106,36 @@ def fit_exponent(points: Sequence[tuple[float, float]]) -> float | None:
     return math.fsum(w * (x - mx) * (y - my) for x, y, w in usable) / sxx
 
 
-def pooled_exponent(curves: Sequence[Sequence[tuple[float, float]]]) -> float | None:
-    """The mean beta of the curves that can give one (None when none can)."""
+@dataclass(frozen=True)
+class Exponent:
+    """beta with the spread a new curve's beta may have about it."""
+
+    value: float
+    sd: float
+
+
+LINEAR = Exponent(1.0, 0.0)
+"""A feature law's exponent: 1, exactly."""
+
+
+def log_anchor(points: Sequence[tuple[float, float]]) -> float:
+    """The mean ln F of the (F, y) points with F > 0 (0 when there is none)."""
+    logs = [math.log(f) for f, _ in points if f > MIN_FEATURE]
+    return math.fsum(logs) / len(logs) if logs else 0.0
+
+
+def pooled_exponent(curves: Sequence[Sequence[tuple[float, float]]]) -> Exponent | None:
+    """The mean beta of the curves that can give one (None when none can), and its spread for a new
+    curve: the observed spread of the betas pooled with `EXPONENT_SPREAD0` (worth `PRIOR_CURVES`),
+    plus the error of the mean."""
     betas = [beta for points in curves if (beta := fit_exponent(points)) is not None]
-    return math.fsum(betas) / len(betas) if betas else None
+    if not betas:
+        return None
+    n = len(betas)
+    mean = math.fsum(betas) / n
+    observed = math.fsum((b - mean) ** 2 for b in betas) / (n - 1) if n > 1 else 0.0
+    spread = (PRIOR_CURVES * EXPONENT_SPREAD0**2 + (n - 1) * observed) / (PRIOR_CURVES + n - 1)
+    return Exponent(mean, math.sqrt(spread * (1.0 + 1.0 / n)))
 
 
 def uncalibrated() -> Coefficient:
@@ -170,16 +201,26 @@ class FeaturePrediction:
 
 
 def predict(
-    ppl0: float, feature: float, coefficient: Coefficient, level: float = DEFAULT_LEVEL
+    ppl0: float,
+    feature: float,
+    coefficient: Coefficient,
+    level: float = DEFAULT_LEVEL,
+    exponent: Exponent = LINEAR,
+    log_anchor: float = 0.0,
 ) -> FeaturePrediction:
-    """PPL0 exp(c F) with its band at `level`."""
+    """PPL0 exp(c F^beta) with its band at `level`: the variance of ln PPL is (F^beta sd_c)^2 +
+    sigma^2 + (c F^beta (ln F - log_anchor) sd_beta)^2. The last term is the exponent's spread
+    (delta method) about `log_anchor`, the mean ln F of the points c was fitted on: there c is
+    pinned by measurements whatever beta is, so a wrong beta costs in proportion to the distance."""
     if not (math.isfinite(ppl0) and ppl0 > 1.0):
         raise ValueError(f"dense perplexity must be a finite number > 1, got {ppl0}")
     if not (math.isfinite(feature) and feature >= 0.0):
         raise ValueError(f"feature must be finite and >= 0, got {feature}")
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    centre = math.log(ppl0) + coefficient.value * feature
-    log_sd = math.sqrt((feature * coefficient.sd) ** 2 + coefficient.sigma**2)
+    powered = feature**exponent.value
+    centre = math.log(ppl0) + coefficient.value * powered
+    slope = coefficient.value * powered * (math.log(feature) - log_anchor) if feature > MIN_FEATURE else 0.0
+    log_sd = math.sqrt((powered * coefficient.sd) ** 2 + coefficient.sigma**2 + (slope * exponent.sd) ** 2)
     return FeaturePrediction(
         value=math.exp(centre),
         band=(math.exp(centre - z * log_sd), math.exp(centre + z * log_sd)),

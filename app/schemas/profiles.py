@@ -95,6 +95,7 @@ class PredictorPublic(BaseModel):
     exponent: float = Field(
         description="beta: 1 for a feature law, pooled from other curves for a power law."
     )
+    exponent_sd: float = Field(description="The spread of a new curve's beta about it (0 for a feature law).")
     coefficient: CoefficientPublic
     backtest: BacktestPublic | None = Field(description="Its record in the mode that matches this model.")
     predictions: list[FeaturePredictedPublic]

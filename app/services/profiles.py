@@ -206,7 +206,7 @@ class PredictorAnswer:
     feature: str
     description: str
     power: bool  # a power law (beta pooled from other curves), else a feature law (beta = 1)
-    exponent: float  # beta of c F^beta
+    exponent: feature_laws.Exponent  # beta of c F^beta, with its spread
     coefficient: feature_laws.Coefficient
     backtest: Score | None
     values: list[tuple[float, float, feature_laws.FeaturePrediction]]  # (sparsity, F^beta, prediction)
@@ -255,17 +255,19 @@ def predict_before_pruning(
         fit = law_prior(law, others)
         if fit is None:
             continue
-        own = []
+        own, anchor = [], fit.log_anchor  # c is pinned where its points are: the model's own, if any
         if own_curve is not None and law.feature in own_curve.features:
-            own = own_curve.feature_points(law.feature, exponent=fit.exponent)
+            own = own_curve.feature_points(law.feature, exponent=fit.exponent.value)
+            anchor = feature_laws.log_anchor(own_curve.feature_points(law.feature))
         coefficient = law_coefficient(fit, own, f"fitted on this curve's {len(own)} point(s)")
         if coefficient is None:
             continue
         values = []
         try:
             for s in sparsities:
-                f = profile.feature(law.feature, s) ** fit.exponent if s > 0 else 0.0
-                values.append((s, f, feature_laws.predict(ppl0, f, coefficient, level)))
+                f = profile.feature(law.feature, s) if s > 0 else 0.0
+                prediction = feature_laws.predict(ppl0, f, coefficient, level, fit.exponent, anchor)
+                values.append((s, f**fit.exponent.value, prediction))
         except ValueError:
             continue  # a lens width outside the profiled range
         answers.append(
@@ -439,7 +441,8 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
                 feature=a.feature,
                 description=a.description,
                 formula="ln PPL - ln PPL0 = c * F" + (" ** beta" if a.power else ""),
-                exponent=a.exponent,
+                exponent=a.exponent.value,
+                exponent_sd=a.exponent.sd,
                 coefficient=CoefficientPublic(**asdict(a.coefficient)),
                 backtest=None if a.backtest is None else score_public(a.backtest),
                 predictions=[

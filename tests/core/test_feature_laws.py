@@ -141,3 +141,15 @@ def test_lens_readings_interpolate_between_profiled_widths_and_vanish_at_full_wi
     assert lens_value(signal, 3, lambda m: m.kl) == pytest.approx(0.2)  # halfway to 0 at d = D = 4
     with pytest.raises(ValueError, match="outside the profiled widths"):
         lens_value(signal, 1, lambda m: m.kl)
+
+
+def test_the_exponent_spread_widens_the_band_away_from_where_c_was_pinned() -> None:
+    coefficient = feature_laws.Coefficient(3.0, 0.0, 0.03, "test")
+    spread = feature_laws.Exponent(0.6, 0.1)
+    anchor = math.log(0.02)
+    at_anchor = feature_laws.predict(25.0, 0.02, coefficient, exponent=spread, log_anchor=anchor)
+    far = feature_laws.predict(25.0, 0.08, coefficient, exponent=spread, log_anchor=anchor)
+    assert at_anchor.log_sd == pytest.approx(0.03)  # a wrong beta costs nothing where c is measured
+    expected = math.hypot(0.03, 3.0 * 0.08**0.6 * math.log(0.08 / 0.02) * 0.1)
+    assert far.log_sd == pytest.approx(expected)
+    assert far.value == pytest.approx(25.0 * math.exp(3.0 * 0.08**0.6))
