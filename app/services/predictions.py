@@ -102,11 +102,17 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
 def _before_pruning(
     store: Store, model_ids: list[str], body: PredictionCreate, ppl0: float
 ) -> BeforePruningPublic | None:
-    """The profile-based predictions (app.services.profiles), when the model has a stored profile."""
-    with store.session() as session:
-        answer = predict_before_pruning(
-            session, sorted(set(model_ids)), body.method, ppl0, body.sparsities, body.level
-        )
+    """The profile-based predictions (app.services.profiles), when the model has a stored profile.
+    A profile the laws cannot use (say, a dense perplexity they refuse) leaves the rest of the answer
+    standing: logged, and `before_pruning` is null."""
+    try:
+        with store.session() as session:
+            answer = predict_before_pruning(
+                session, sorted(set(model_ids)), body.method, ppl0, body.sparsities, body.level
+            )
+    except ValueError as error:
+        log.warning("no prediction from the profile", model=body.model, reason=str(error))
+        return None
     return None if answer is None else before_pruning_public(answer)
 
 

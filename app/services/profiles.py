@@ -30,6 +30,7 @@ from app.schemas.profiles import (
     ProfilePublic,
     SignalPublic,
 )
+from app.services.series import finite
 from core import feature_laws
 from core.backtests import (
     FACE_VALUE,
@@ -371,11 +372,6 @@ def profile_public(profile: StoredProfile, *, spectra: bool = False) -> ProfileP
     )
 
 
-def _finite(value: float | None) -> float | None:
-    """JSON has no infinity: a value a law cannot give is null."""
-    return value if value is not None and math.isfinite(value) else None
-
-
 def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
     return BacktestPublic(
         predictor=score.predictor,
@@ -383,17 +379,17 @@ def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
         level=score.level,
         n=score.n,
         curves=len({p.curve for p in score.points}),
-        mape=_finite(score.mape),
-        max_ape=_finite(score.max_ape),
+        mape=finite(score.mape),
+        max_ape=finite(score.max_ape),
         coverage=score.coverage,
         points=[
             {
                 "curve": p.curve,
                 "sparsity": p.sparsity,
                 "measured": p.measured,
-                "predicted": _finite(p.predicted),  # null: the law overflows a float there
-                "band": None if p.band is None else [_finite(v) for v in p.band],
-                "ape": _finite(p.ape),
+                "predicted": finite(p.predicted),  # null: the law overflows a float there
+                "band": None if p.band is None else [finite(v) for v in p.band],
+                "ape": finite(p.ape),
                 "covered": p.covered,
                 "fitted_on": p.fitted_on,
             }

@@ -24,7 +24,6 @@ from workers.environment import run_environment
 from workers.kinds.prune_steps import draw_calibration, lap
 from workers.kinds.steps import load_for_job, step_reporter
 from workers.profiling import ProfileReport, ProfileStopped, profile_model
-from workers.slicing.adapters import UnsupportedArchitectureError
 
 LOAD_END = 0.05
 CALIBRATION_END = 0.10
@@ -70,7 +69,7 @@ def run(context: JobContext) -> None:
     except ProfileStopped:
         context.check_stop()
         raise
-    except (UnsupportedArchitectureError, ValueError) as error:
+    except ValueError as error:  # UnsupportedArchitectureError included
         raise JobFailure(f"profiling: {error}") from error
     timings["profile_s"] = lap(profile_started)
     timings["total_s"] = lap(started)
