@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from core.methods import DEFAULT_METHOD, DENSE
+from core.tasks import ACCURACY_METRICS, SCORE_METRICS
 
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
@@ -27,7 +28,6 @@ EXIT_JOB_FAILED = 2
 EXIT_USAGE = 3
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
-ACCURACY_METRICS = ("acc", "acc_norm")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -127,7 +127,7 @@ def _result_gates(client: Any, results: list[dict[str, Any]], args: argparse.Nam
             line = f"ppl of {r['method']} at s = {r['sparsity']:g} is {r['value']:.4g}"
             (failures if r["value"] > args.max_ppl else checked).append(f"{line} (max {args.max_ppl:g})")
     if args.max_acc_drop is not None:
-        accuracy = [r for r in scope if r["metric"] in ACCURACY_METRICS and r["method"] != DENSE]
+        accuracy = [r for r in scope if r["metric"] in SCORE_METRICS and r["method"] != DENSE]
         if not accuracy:
             failures.append(f"--max-acc-drop {args.max_acc_drop:g}: the job measured no pruned accuracy")
         for r in accuracy:

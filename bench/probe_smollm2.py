@@ -65,6 +65,11 @@ from workers.probing import (  # noqa: E402
     mc_subspace_probe,
     model_probe,
 )
+from workers.probing.decoding import (  # noqa: E402
+    TEACHER_FORCED,
+    decoding_counterfactual_probe,
+    teacher_forced_probe,
+)
 from workers.pruning import prune_model  # noqa: E402
 
 SPACES = ("embedding", "logits", "probs")
@@ -80,6 +85,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attention-layers", type=int, default=8, help="attention branches to drop")
     parser.add_argument("--wanda-sparsity", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument(
+        "--decoding-steps",
+        type=int,
+        default=8,
+        help="counterfactual and teacher forcing at this many steps of the dense greedy generation; 0: none",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
@@ -116,10 +127,14 @@ def pearson(xs: list[float], ys: list[float]) -> float | None:
     return statistics.correlation(xs, ys)
 
 
-def summarise_counterfactual(records: list[ProbeRecord], num_layers: int) -> dict[str, Any]:
+def summarise_counterfactual(
+    records: list[ProbeRecord], num_layers: int, *, decoding: bool = False
+) -> dict[str, Any]:
+    """Tracking over layers 2..L-1: of the prompt points, or (`decoding`) of the decoding-step points,
+    every (layer, step) of those layers pooled."""
     by_key: dict[tuple[str, str, str], list[ProbeRecord]] = defaultdict(list)
     for record in records:
-        if record.probe == "counterfactual":
+        if record.probe == "counterfactual" and (record.step is not None) == decoding:
             by_key[(str(record.sublayer), record.space, record.metric)].append(record)
     tracking: dict[str, Any] = {}
     deviation: dict[str, dict[str, float]] = defaultdict(dict)
@@ -131,7 +146,7 @@ def summarise_counterfactual(records: list[ProbeRecord], num_layers: int) -> dic
             values = [r.value for r in middle]
             estimates = [float(r.estimate or 0.0) for r in middle]
             tracking[f"{sublayer}/{space}/{metric}"] = {
-                "layers": len(middle),
+                "points": len(middle),
                 "pearson_layers_2_to_L-1": pearson(estimates, values),
                 "pearson_log": pearson(
                     [math.log(max(e, 1e-30)) for e in estimates], [math.log(max(v, 1e-30)) for v in values]
@@ -182,7 +197,7 @@ def summarise_other(records: list[ProbeRecord]) -> dict[str, Any]:
                 "value": record.value,
                 "estimate": record.estimate,
             }
-    for probe in ("generation-greedy", "generation-sampled"):
+    for probe in ("generation-greedy", "generation-sampled", TEACHER_FORCED):
         steps = sorted(
             (
                 r
@@ -293,6 +308,25 @@ def main() -> None:
             dense.model, pruned.model, dense.tokenizer, choice, temperature=args.temperature
         )
         other_s = time.perf_counter() - started
+        started = time.perf_counter()
+        decoding: list[ProbeRecord] = []
+        if args.decoding_steps:
+            decoding = decoding_counterfactual_probe(
+                dense.model,
+                pruned.model,
+                list(report.layer_map),
+                input_ids,
+                max_new_tokens=args.decoding_steps,
+                temperature=args.temperature,
+            )
+            other += teacher_forced_probe(
+                dense.model,
+                pruned.model,
+                input_ids,
+                max_new_tokens=args.decoding_steps,
+                temperature=args.temperature,
+            )
+        decoding_s = time.perf_counter() - started
         sublayers = {r.sublayer for r in counterfactual}
         result["prunings"][name] = {
             "method": method,
@@ -312,8 +346,13 @@ def main() -> None:
             / unit,
             "other_probes_s": other_s,
             "counterfactual": summarise_counterfactual(counterfactual, num_layers),
+            "decoding_steps": args.decoding_steps,
+            "decoding_s": decoding_s,
+            "decoding_counterfactual": summarise_counterfactual(decoding, num_layers, decoding=True)[
+                "tracking"
+            ],
             "other": summarise_other(other),
-            "points": len(counterfactual) + len(other),
+            "points": len(counterfactual) + len(other) + len(decoding),
         }
         if args.plots:
             write_plots(args.out.parent, name, counterfactual + other)

@@ -7,9 +7,9 @@ Usage (from the repository root):
 
 One process, one calibration set (BoolQ Wikipedia passages, seeded windows) and one perplexity
 protocol (WikiText-2 test, seqlen 512, the first windows) for every method, each pruning a fresh
-copy of the dense model: magnitude, Wanda and SparseGPT at 50% unstructured and 2:4, attention-,
-MLP- and block (ShortGPT) drops of 8 of 30 layers. Writes bench/out/prune_smollm2.json (git-ignored)
-and prints it.
+copy of the dense model: magnitude (per layer and per row), Wanda and SparseGPT at 50%
+unstructured and 2:4, attention-, MLP- and block (ShortGPT) drops of 8 of 30 layers. Writes
+bench/out/prune_smollm2.json (git-ignored) and prints it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from workers.pruning import prune_model  # noqa: E402
 # name -> (method, sparsity or number of layers for drops, pattern)
 PRUNINGS: dict[str, tuple[str, float, str]] = {
     "magnitude-50%": ("magnitude", 0.5, "unstructured"),
+    "magnitude-row-50%": ("magnitude-row", 0.5, "unstructured"),
     "wanda-50%": ("wanda", 0.5, "unstructured"),
     "sparsegpt-50%": ("sparsegpt", 0.5, "unstructured"),
     "magnitude-2:4": ("magnitude", 0.5, "2:4"),

@@ -66,11 +66,14 @@ class Method:
     summary: str  # one sentence for the API docs
     calibrated: bool  # reads calibration data
     removes: str | None = None  # drops: what each dropped layer loses
+    nm_patterns: bool = True  # takes N:M patterns (intra-layer methods only)
 
     @property
     def patterns(self) -> tuple[str, ...]:
         """Sparsity patterns it takes (N:M only where it zeroes weights)."""
-        return (UNSTRUCTURED, *NM_PATTERNS) if self.kind is MethodKind.intra_layer else (UNSTRUCTURED,)
+        if self.kind is MethodKind.intra_layer and self.nm_patterns:
+            return (UNSTRUCTURED, *NM_PATTERNS)
+        return (UNSTRUCTURED,)
 
     @property
     def layouts(self) -> tuple[str, ...]:
@@ -179,7 +182,21 @@ METHODS: dict[str, Method] = {
             "remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)",
             calibrated=True,
         ),
-        Method("magnitude", MethodKind.intra_layer, "zero the weights of smallest |W| in each linear", False),
+        Method(
+            "magnitude",
+            MethodKind.intra_layer,
+            "zero the weights of smallest |W| in each linear, one threshold per layer (the baseline of "
+            "the Wanda and SparseGPT papers)",
+            False,
+        ),
+        Method(
+            "magnitude-row",
+            MethodKind.intra_layer,
+            "zero the weights of smallest |W| within each output row (Wanda's comparison group; "
+            "unstructured only: N:M is per row for every method)",
+            False,
+            nm_patterns=False,
+        ),
         Method(
             "wanda",
             MethodKind.intra_layer,

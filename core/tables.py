@@ -169,6 +169,11 @@ class ProbePoint(Base):
     metric: Mapped[str] = mapped_column(String(32))  # 1-cos | kl | agree | prefix_agree ...
     value: Mapped[float] = mapped_column(Float)
     estimate: Mapped[float | None] = mapped_column(Float, default=None)
+    # the spread over the tokens (or prompts) the mean is over; null on points stored before 0006
+    n: Mapped[int | None] = mapped_column(Integer, default=None)
+    stderr: Mapped[float | None] = mapped_column(Float, default=None)
+    value_min: Mapped[float | None] = mapped_column(Float, default=None)
+    value_max: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class Artifact(Base):

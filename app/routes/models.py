@@ -1,5 +1,6 @@
 """/v1/models/{model}/curves: measured points and both laws over sparsity, as JSON, SVG or PNG;
-/v1/models/{model}/profile: the model's dense profile (what slicing would discard), as JSON or a heatmap.
+/v1/models/{model}/profile: the model's dense profile (what slicing would discard), as JSON or a heatmap;
+/v1/models/{model}/retention: what each pruning keeps of multiple-choice and generative scores.
 
 Model ids may contain slashes (`org/name`, absolute paths): the path parameter takes everything
 between `/v1/models/` and the final `/curves`, so `GET /v1/models/HuggingFaceTB/SmolLM2-135M/curves`
@@ -17,10 +18,13 @@ from app.deps import ServicesDep, SessionDep
 from app.problems import ProblemError, problem_responses
 from app.schemas.predictions import CurvePublic, PredictMetric
 from app.schemas.profiles import ProfilePublic
+from app.schemas.retention import RetentionPublic
 from app.services.curves import load_curve, selector_from
 from app.services.profiles import find_profile, profile_public
+from app.services.retention import load_retention
 from app.views.curve_plots import curve_png, curve_svg
 from app.views.profile_plots import profile_png, profile_svg
+from app.views.retention_plots import NothingToDraw, retention_png, retention_svg
 from core.laws import DEFAULT_LEVEL
 from core.methods import DEFAULT_METHOD
 from core.specs.pruning import StoredMethod
@@ -122,3 +126,35 @@ def model_profile(
     if format == "svg":
         return Response(profile_svg(profile), media_type=CURVE_MEDIA["svg"])
     return Response(profile_png(profile), media_type=CURVE_MEDIA["png"])
+
+
+@router.get(
+    "/{model:path}/retention",
+    response_model=RetentionPublic,
+    responses={
+        200: {
+            "description": "JSON, or the bar chart with `format=svg` / `format=png`",
+            "content": {"image/svg+xml": {}, "image/png": {}},
+        },
+        **problem_responses({404: "Nothing to draw: no pruned result with a paired dense one"}),
+    },
+)
+def model_retention(
+    session: SessionDep,
+    model: Annotated[str, Path(min_length=1, max_length=512, description="Model id; may hold slashes.")],
+    format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
+) -> Response:
+    """When pruning works for this model: per pruning (method at sparsity) the share of the dense
+    score each task keeps, multiple choice beside generative (LAMBADA, GSM8K) and perplexity, their
+    means, a verdict (does generation break first?), and the newest probe job's final KL and greedy
+    agreement for the same pruning. JSON is always answered (an empty list when nothing is paired);
+    a plot of nothing is a 404."""
+    view = load_retention(session, model)
+    if format == "json":
+        return Response(view.model_dump_json(), media_type="application/json")
+    try:
+        if format == "svg":
+            return Response(retention_svg(view), media_type=CURVE_MEDIA["svg"])
+        return Response(retention_png(view), media_type=CURVE_MEDIA["png"])
+    except NothingToDraw as error:
+        raise ProblemError(404, f"{error}; {view.notes[-1]}", slug="nothing-to-draw") from error

@@ -21,6 +21,13 @@ class ProbePointPublic(FromRow):
     metric: str = Field(description=PROBE_METRIC_DESCRIPTION)
     value: float = Field(description="Measured (ground truth).")
     estimate: float | None = Field(description="Taylor estimate of `value` (docs/science.md §3); null: none.")
+    n: int | None = Field(None, description="Tokens (or prompts) the mean is over; null on older points.")
+    stderr: float | None = Field(
+        None,
+        description="Sample sd / sqrt(n) of the values, as if the tokens were independent (a lower bound).",
+    )
+    value_min: float | None = Field(None, description="Smallest value over those tokens.")
+    value_max: float | None = Field(None, description="Largest value over those tokens.")
 
 
 class ProbeSummary(BaseModel):
@@ -28,6 +35,11 @@ class ProbeSummary(BaseModel):
     metric, over every matching point that has an estimate (all layers, not just one page)."""
 
     probe: str
+    decoding_steps: bool = Field(
+        False,
+        description="True: counterfactual points measured at decoding steps of the dense model's "
+        "greedy generation; false: on the prompts.",
+    )
     sublayer: str | None
     space: str
     metric: str

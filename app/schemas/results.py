@@ -37,8 +37,10 @@ class ResultList(BaseModel):
 
 
 class LmEvalExport(BaseModel):
-    """A job's accuracy in lm-evaluation-harness's results format (`results_*.json`): per task
-    `acc,none`, `acc_stderr,none`, `acc_norm,none`, `acc_norm_stderr,none` and `alias`; what lm-eval
+    """A job's task scores in lm-evaluation-harness's results format (`results_*.json`): per task
+    `acc,none`, `acc_stderr,none`, `acc_norm,none`, `acc_norm_stderr,none` (LAMBADA: `perplexity,none`
+    and `acc,none`; GSM8K: `exact_match,strict-match`, `exact_match,flexible-extract` and their
+    stderrs) and `alias`; what lm-eval
     has no place for (job, method, sparsity, dense baseline, perplexity) is under `prunecast`."""
 
     model_config = ConfigDict(populate_by_name=True)

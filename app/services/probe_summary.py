@@ -25,6 +25,7 @@ class EstimatedPoint(NamedTuple):
     metric: str
     value: float
     estimate: float
+    decoding_step: bool = False  # a counterfactual point measured at a decoding step, not on a prompt
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -47,21 +48,25 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return max(-1.0, min(1.0, r)) if math.isfinite(r) else None
 
 
-def _order(key: tuple[str, str | None, str, str]) -> tuple[int, str, int, str, str]:
-    probe, sublayer, space, metric = key
+_Key = tuple[str, bool, str | None, str, str]
+
+
+def _order(key: _Key) -> tuple[int, bool, str, int, str, str]:
+    probe, stepped, sublayer, space, metric = key
     probe_rank = PROBE_KINDS.index(probe) if probe in PROBE_KINDS else len(PROBE_KINDS)
     space_rank = PROBE_SPACES.index(space) if space in PROBE_SPACES else len(PROBE_SPACES)
-    return probe_rank, sublayer or "", space_rank, space, metric
+    return probe_rank, stepped, sublayer or "", space_rank, space, metric
 
 
 def summarize(points: Iterable[EstimatedPoint]) -> list[ProbeSummary]:
-    """Per (probe, sublayer, space, metric): n, Pearson r of estimate against value, the means, and
-    the mean relative error |estimate - value| / |value| (over values != 0). Non-finite points are
-    left out."""
-    groups: dict[tuple[str, str | None, str, str], list[EstimatedPoint]] = {}
+    """Per (probe, prompt or decoding-step points, sublayer, space, metric): n, Pearson r of estimate
+    against value, the means, and the mean relative error |estimate - value| / |value| (over values
+    != 0). Non-finite points are left out."""
+    groups: dict[_Key, list[EstimatedPoint]] = {}
     for point in points:
         if math.isfinite(point.value) and math.isfinite(point.estimate):
-            groups.setdefault((point.probe, point.sublayer, point.space, point.metric), []).append(point)
+            key = (point.probe, point.decoding_step, point.sublayer, point.space, point.metric)
+            groups.setdefault(key, []).append(point)
     summaries = []
     for key in sorted(groups, key=_order):
         group = groups[key]
@@ -71,9 +76,10 @@ def summarize(points: Iterable[EstimatedPoint]) -> list[ProbeSummary]:
         summaries.append(
             ProbeSummary(
                 probe=key[0],
-                sublayer=key[1],
-                space=key[2],
-                metric=key[3],
+                decoding_steps=key[1],
+                sublayer=key[2],
+                space=key[3],
+                metric=key[4],
                 n=len(group),
                 correlation=pearson(estimates, values),
                 mean_value=math.fsum(values) / len(group),

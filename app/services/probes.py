@@ -27,6 +27,7 @@ from app.views.report import ProbePlot, ProbeSection
 from core.store import Store
 from core.tables import Job, ProbePoint
 
+COUNTERFACTUAL = "counterfactual"
 REPORT_VIEWS: tuple[tuple[ProbeView, str], ...] = (
     ("layers", "Per layer: measured deviation and Taylor estimate (local counterfactual, whole block)"),
     ("heatmap", "Greedy generation: embedding 1 - cos by layer and step"),
@@ -60,11 +61,14 @@ def _estimated(session: Session, where: Sequence[ColumnElement[bool]]) -> list[E
         ProbePoint.metric,
         ProbePoint.value,
         ProbePoint.estimate,
+        ProbePoint.step,
     )
     rows = session.execute(select(*columns).where(*where, ProbePoint.estimate.is_not(None))).all()
     return [
-        EstimatedPoint(probe, sublayer, space, metric, value, estimate)
-        for probe, sublayer, space, metric, value, estimate in rows
+        EstimatedPoint(
+            probe, sublayer, space, metric, value, estimate, probe == COUNTERFACTUAL and step is not None
+        )
+        for probe, sublayer, space, metric, value, estimate, step in rows
         if estimate is not None
     ]
 

@@ -15,12 +15,15 @@ from app.services.curves import load_curve
 from app.services.jobs import get_job
 from app.services.probes import probe_section
 from app.services.profiles import find_profile
-from app.services.series import ACCURACY_METRICS, PPL, Selector
+from app.services.retention import load_retention
+from app.services.series import PPL, Selector
 from app.views.curve_plots import inline_svg
 from app.views.profile_plots import profile_svg
 from app.views.report import CurveSection, render_report
+from app.views.retention_plots import retention_svg
 from core.methods import DEFAULT_METHOD, DENSE
 from core.tables import Result
+from core.tasks import ACCURACY_METRICS, TASK_CATALOGUE
 
 MAX_CURVES = 12
 """Curves drawn in one report (each costs a plot): a sweep has one per metric, so this is plenty."""
@@ -35,6 +38,8 @@ def job_report_html(services: Services, job_id: str) -> str:
     curves = [_section(services, target) for target in curve_targets(results)[:MAX_CURVES]]
     if public.kind == "profile":
         curves.append(_profile_section(services, public))
+    if any(r.dataset in TASK_CATALOGUE and r.method != DENSE for r in results):
+        curves.append(_retention_section(services, public))
     probes = probe_section(services.store, job)
     return render_report(public, results, curves, probes)
 
@@ -80,6 +85,20 @@ def _profile_section(services: Services, job: JobPublic) -> CurveSection:
         f"{profile.row.protocol.get('lens_tokens')}",
         "GET /v1/models/<model>/profile has the numbers; POST /v1/predictions uses them",
     )
+    return CurveSection(heading, svg[svg.index("<svg") :], notes)
+
+
+def _retention_section(services: Services, job: JobPublic) -> CurveSection:
+    """When pruning works for this model: every pruning of it the store has scored, this job's among
+    them, multiple choice against generative tasks."""
+    heading = f"{job.model} - when pruning works: multiple choice vs generation"
+    with services.store.sessions() as session:
+        view = load_retention(session, job.model)
+    if not view.prunings:
+        return CurveSection(heading, None, tuple(view.notes))
+    svg = retention_svg(view)
+    verdicts = [f"{p.method} s={p.sparsity:g}: {p.verdict}" for p in view.prunings]
+    notes = (*verdicts, "GET /v1/models/<model>/retention has the numbers, per task and the probes' readings")
     return CurveSection(heading, svg[svg.index("<svg") :], notes)
 
 

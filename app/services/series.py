@@ -48,7 +48,6 @@ from core.store import Store
 from core.tables import Result
 
 PPL = "ppl"
-ACCURACY_METRICS = ("acc", "acc_norm")
 
 MAX_ROWS = 5_000
 """Newest results read for one prediction: far more than any real series, a bound for odd stores."""

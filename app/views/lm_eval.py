@@ -2,7 +2,8 @@
 reading lm-eval output read ours: `GET /v1/jobs/{id}/results?format=lm-eval`.
 
 `results` holds the model the job measured: the dense model for `evaluate`, the pruned one for
-`prune`. Keys follow lm-eval: `<metric>,<filter>` with the filter `none`. What lm-eval has no
+`prune`. Keys follow lm-eval: `<metric>,<filter>`, the filter `none` where the task applies none
+(GSM8K's are `strict-match` and `flexible-extract`). What lm-eval has no
 place for (job, method, sparsity, perplexities, the dense accuracy a pruned one compares with)
 is under `prunecast`.
 """
@@ -14,21 +15,15 @@ from typing import Any
 
 from core.methods import DENSE, UNSTRUCTURED, result_method
 from core.tables import Job, Result
+from core.tasks import TASK_CATALOGUE, lm_eval_keys
 
 LM_EVAL_KINDS = ("evaluate", "prune")
 """Kinds whose results describe one model's accuracy: what an lm-eval results file holds."""
-ACCURACY_METRICS = ("acc", "acc_norm")
-FILTER = "none"  # lm-eval's filter name when no filter is applied
-# lm-eval's task versions (the `metadata.version` of each task YAML).
-TASK_VERSIONS: dict[str, float] = {
-    "arc_easy": 1.0,
-    "arc_challenge": 1.0,
-    "piqa": 1.0,
-    "hellaswag": 1.0,
-    "winogrande": 1.0,
-    "boolq": 2.0,
-    "openbookqa": 1.0,
-}
+
+
+def _is_task_score(row: Result) -> bool:
+    info = TASK_CATALOGUE.get(row.dataset)
+    return info is not None and row.metric in info.metrics
 
 
 def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
@@ -43,7 +38,7 @@ def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
     )
     sparsity = 0.0 if job.kind == "evaluate" else request.get("sparsity")
     accuracy = request.get("accuracy") or {}
-    own = [row for row in rows if row.metric in ACCURACY_METRICS and row.method == method]
+    own = [row for row in rows if _is_task_score(row) and row.method == method]
 
     results: dict[str, dict[str, Any]] = {}
     configs: dict[str, dict[str, Any]] = {}
@@ -52,32 +47,23 @@ def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
     dense: dict[str, dict[str, Any]] = {}
     for row in own:
         task = row.dataset
+        info = TASK_CATALOGUE[task]
         protocol = row.protocol
+        value_key, stderr_key = lm_eval_keys(row.metric)
         entry = results.setdefault(task, {"alias": task})
-        entry[f"{row.metric},{FILTER}"] = row.value
-        entry[f"{row.metric}_stderr,{FILTER}"] = "N/A" if row.stderr is None else row.stderr
-        config = configs.setdefault(
-            task,
-            {
-                "task": task,
-                "dataset_path": protocol.get("data_source"),
-                "test_split": row.split,
-                "output_type": "multiple_choice",
-                "num_fewshot": protocol.get("num_fewshot", 0),
-                "fewshot_delimiter": protocol.get("fewshot_delimiter"),
-                "target_delimiter": protocol.get("target_delimiter"),
-                "metric_list": [],
-                "metadata": {
-                    "version": TASK_VERSIONS.get(task),
-                    "data_version": protocol.get("data_version"),
-                },
-            },
-        )
-        config["metric_list"].append({"metric": row.metric, "aggregation": "mean", "higher_is_better": True})
+        entry[value_key] = row.value
+        entry[stderr_key] = "N/A" if row.stderr is None else row.stderr
+        config = configs.setdefault(task, _task_config(task, row, protocol))
+        metric_name = row.metric.partition(",")[0]
+        better = row.metric not in info.lower_is_better
+        aggregation = "perplexity" if metric_name == "perplexity" else "mean"
+        listed = {"metric": metric_name, "aggregation": aggregation, "higher_is_better": better}
+        if listed not in config["metric_list"]:
+            config["metric_list"].append(listed)
         samples[task] = {"original": int(protocol.get("docs_in_split") or 0), "effective": int(row.n or 0)}
-        higher.setdefault(task, {})[row.metric] = True
+        higher.setdefault(task, {})[metric_name] = better
         if "dense_result_id" in protocol:
-            dense.setdefault(task, {})[f"{row.metric},{FILTER}"] = protocol.get("dense_value")
+            dense.setdefault(task, {})[value_key] = protocol.get("dense_value")
             dense[task][f"{row.metric}_result_id"] = protocol["dense_result_id"]
 
     first = own[0].protocol if own else {}
@@ -95,7 +81,7 @@ def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
         "results": results,
         "groups": {},
         "configs": configs,
-        "versions": {task: TASK_VERSIONS.get(task) for task in results},
+        "versions": {task: TASK_CATALOGUE[task].version for task in results},
         "n-shot": {task: config["num_fewshot"] for task, config in configs.items()},
         "higher_is_better": higher,
         "n-samples": samples,
@@ -120,3 +106,27 @@ def lm_eval_export(job: Job, rows: Sequence[Result]) -> dict[str, Any]:
             "perplexity": perplexity,
         },
     }
+
+
+def _task_config(task: str, row: Result, protocol: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's `configs` entry of one task, from the protocol its first row was scored under."""
+    info = TASK_CATALOGUE[task]
+    config: dict[str, Any] = {
+        "task": task,
+        "dataset_path": protocol.get("data_source"),
+        "test_split": row.split,
+        "output_type": info.output_type,
+        "num_fewshot": protocol.get("num_fewshot", 0),
+        "fewshot_delimiter": protocol.get("fewshot_delimiter"),
+        "target_delimiter": protocol.get("target_delimiter"),
+        "metric_list": [],
+        "metadata": {"version": info.version, "data_version": protocol.get("data_version")},
+    }
+    if info.output_type == "generate_until":
+        config["generation_kwargs"] = {
+            "until": protocol.get("stop_sequences"),
+            "max_gen_toks": protocol.get("max_new_tokens"),
+            "do_sample": False,
+            "temperature": 0.0,
+        }
+    return config

@@ -56,6 +56,7 @@ class Line:
     ys: list[float]
     color: str
     style: str = "-"
+    band: tuple[list[float], list[float]] | None = None  # (low, high) per x: mean -/+ 2 stderr
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,18 @@ def _mean_by(
     return [float(k) for k in keys], [math.fsum(sums[k]) / len(sums[k]) for k in keys]
 
 
+def _band(
+    points: Sequence[ProbePointPublic], xs: list[float], ys: list[float]
+) -> tuple[list[float], list[float]] | None:
+    """mean -/+ 2 stderr per layer where every layer's points carry a stderr (the low edge kept above
+    zero so that a log axis can show it); None for points stored without their spread."""
+    stderr_xs, stderrs = _mean_by(points, lambda p: p.layer, "stderr")
+    if stderr_xs != xs or not xs:
+        return None
+    low = [max(y - 2 * e, y / 10 if y > 0 else y - 2 * e) for y, e in zip(ys, stderrs, strict=True)]
+    return low, [y + 2 * e for y, e in zip(ys, stderrs, strict=True)]
+
+
 def _spans_decades(values: Sequence[float]) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) >= DECADES_FOR_LOG
 
@@ -89,13 +102,18 @@ def layers_panels(points: Sequence[ProbePointPublic], probe: str, sublayer: str,
     wanted = [(space, metric) for space in PROBE_SPACES]
     if metric != "kl":
         wanted.append(("probs", "kl"))
-    chosen = [p for p in points if p.probe == probe and p.sublayer == sublayer and p.layer is not None]
+    chosen = [  # prompt points only: decoding-step points (with a step) are another measurement
+        p
+        for p in points
+        if p.probe == probe and p.sublayer == sublayer and p.layer is not None and p.step is None
+    ]
     panels = []
     for space, what in wanted:
         group = [p for p in chosen if p.space == space and p.metric == what]
         if not group:
             continue
-        lines = [Line("measured", f"truth-{space}-{what}", *_mean_by(group, lambda p: p.layer), TRUTH_COLOR)]
+        xs, ys = _mean_by(group, lambda p: p.layer)
+        lines = [Line("measured", f"truth-{space}-{what}", xs, ys, TRUTH_COLOR, band=_band(group, xs, ys))]
         xs, ys = _mean_by(group, lambda p: p.layer, "estimate")
         if xs:
             lines.append(Line("Taylor estimate", f"estimate-{space}-{what}", xs, ys, ESTIMATE_COLOR, "--"))
@@ -187,6 +205,10 @@ def _draw_panel(ax: Axes, panel: Panel) -> None:
         )
         artist.set_gid(line.gid)
         shown.extend(line.ys)
+        if line.band is not None:
+            ax.fill_between(
+                line.xs, *line.band, color=line.color, alpha=0.15, linewidth=0, label="± 2 stderr"
+            )
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

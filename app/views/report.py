@@ -197,7 +197,8 @@ def _probes(section: ProbeSection | None) -> str:
         head = "".join(f"<th>{_e(name)}</th>" for name in PROBE_COLUMNS)
         rows = "".join(
             "<tr>"
-            f"<td>{_e(s.probe)}</td><td>{_e(s.sublayer or '-')}</td><td>{_e(s.space)}</td>"
+            f"<td>{_e(s.probe + (' (decoding steps)' if s.decoding_steps else ''))}</td>"
+            f"<td>{_e(s.sublayer or '-')}</td><td>{_e(s.space)}</td>"
             f'<td>{_e(s.metric)}</td><td class="num">{s.n}</td>'
             f'<td class="num">{_e(_number(s.correlation))}</td>'
             f'<td class="num">{_e(_number(s.mean_value))}</td>'

@@ -57,21 +57,34 @@ class ModelSpec(StrictModel):
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for any sampling the job does.")
 
 
-# Multiple-choice tasks, named as lm-evaluation-harness names them (workers.mc_tasks.TASKS; a test
-# checks the two agree). Spelled out here because the API never imports the worker's data code.
-AccuracyTask = Literal["arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande", "boolq", "openbookqa"]
+# Tasks, named as lm-evaluation-harness names them (core.tasks.TASK_CATALOGUE and the workers'
+# registries; a test checks they agree). Spelled out as a Literal so that /docs lists them.
+AccuracyTask = Literal[
+    "arc_easy",
+    "arc_challenge",
+    "piqa",
+    "hellaswag",
+    "winogrande",
+    "boolq",
+    "openbookqa",
+    "lambada_openai",
+    "gsm8k",
+]
 ACCURACY_TASKS: tuple[str, ...] = get_args(AccuracyTask)
 
 
 class AccuracySpec(StrictModel):
-    """Multiple-choice accuracy by the lm-evaluation-harness log-likelihood protocol (docs/science.md §4):
-    `acc` and, where lm-eval defines it, `acc_norm`, each with its standard error, per task."""
+    """Task scores by the lm-evaluation-harness protocols (docs/science.md §4): multiple-choice
+    `acc` / `acc_norm`, LAMBADA's greedy last-word `acc` and `perplexity`, GSM8K's greedy-generation
+    `exact_match` under its `strict-match` and `flexible-extract` filters; each with its standard
+    error, per task."""
 
     tasks: list[AccuracyTask] = Field(
         min_length=1,
         max_length=len(ACCURACY_TASKS),
-        description="Tasks to score, each once. Each scores lm-eval's default split (ARC and "
-        "OpenBookQA: test; the others: validation).",
+        description="Tasks to score, each once. Each scores lm-eval's default split (ARC, OpenBookQA, "
+        "LAMBADA and GSM8K: test; the others: validation). `lambada_openai` and `gsm8k` are generative: "
+        "the model's own greedy decoding decides them.",
         examples=[["arc_easy", "winogrande"]],
     )
     limit: int | None = Field(
@@ -83,10 +96,23 @@ class AccuracySpec(StrictModel):
         le=2**31 - 1,
         description="With `limit`: N seeded random docs instead of the first N; null = the first N.",
     )
-    num_fewshot: int = Field(
-        0, ge=0, le=25, description="Solved examples before each question (drawn from the same split)."
+    num_fewshot: int | None = Field(
+        None,
+        ge=0,
+        le=25,
+        description="Solved examples before each question (drawn from the same split, never the "
+        "scored doc); null = each task's lm-eval default (5 for gsm8k, 0 for the others).",
     )
-    batch_size: int = Field(16, ge=1, le=512, description="Options scored per forward pass.")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Token limit of each generation (gsm8k); null = lm-eval's default (256). "
+        "Generation also stops at the task's stop sequences and at end-of-sequence.",
+    )
+    batch_size: int = Field(
+        16, ge=1, le=512, description="Options scored, or prompts generated, per forward pass."
+    )
 
     @field_validator("tasks")
     @classmethod

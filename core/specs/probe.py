@@ -24,7 +24,14 @@ from core.specs.pruning import (
 # (probe, layer, sublayer, space, step, metric) with the measured value and, where one exists, the
 # Taylor estimate; GET /v1/jobs/{id}/probes lists them.
 
-ProbeKind = Literal["counterfactual", "model", "generation-greedy", "generation-sampled", "mc-subspace"]
+ProbeKind = Literal[
+    "counterfactual",
+    "model",
+    "generation-greedy",
+    "generation-sampled",
+    "generation-teacher-forced",
+    "mc-subspace",
+]
 PROBE_KINDS: tuple[str, ...] = get_args(ProbeKind)
 ProbeSublayer = Literal["attention", "mlp", "block"]
 PROBE_SUBLAYERS: tuple[str, ...] = get_args(ProbeSublayer)
@@ -39,7 +46,11 @@ PROBE_KIND_DESCRIPTION = (
     "`generation-sampled`: dense and pruned models generate from the same prompt (greedy, or "
     "sampled at `temperature` with the generation seed); per `step`, the divergence per space and "
     "the token metrics `agree` / `prefix_agree` (space `tokens`); points with a `layer` are "
-    "per-layer hidden states, points without one are the model's output. `mc-subspace`: on "
+    "per-layer hidden states, points without one are the model's output. `generation-teacher-forced`: "
+    "the pruned model reads the dense model's greedy text; per `step` its next-token deviation (no "
+    "compounding: the gap to `generation-greedy` is what compounding adds). `counterfactual` points "
+    "with a `step` were measured at that decoding step of the dense model's greedy generation. "
+    "`mc-subspace`: on "
     "multiple-choice prompts, p restricted to the option tokens versus the full vocabulary."
 )
 PROBE_SPACE_DESCRIPTION = (
@@ -79,6 +90,14 @@ class ProbeGenerationSpec(StrictModel):
     """Generation divergence: dense and pruned models continue the same prompts, greedily and sampled."""
 
     max_new_tokens: int = Field(32, ge=1, le=256, description="Tokens generated per prompt and run.")
+    counterfactual_steps: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Also run the local counterfactual at the first N decoding steps of the dense "
+        "model's own greedy generation (points with a `step`), and the teacher-forced probe over "
+        "them; 0: prompts only.",
+    )
     seed: int | None = Field(
         None, ge=0, le=2**31 - 1, description="Seed of the sampled run; null uses the job's `seed`."
     )

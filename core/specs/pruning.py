@@ -18,7 +18,9 @@ from core.methods import (
     methods_of,
 )
 
-PruneMethod = Literal["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
+PruneMethod = Literal[
+    "slicegpt", "magnitude", "magnitude-row", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"
+]
 StoredMethod = Literal[
     PruneMethod,
     "slicegpt-stock",

@@ -44,6 +44,10 @@ def counterfactual_points(layers: int, sublayers: Iterable[str] = SUBLAYERS) -> 
                         "metric": metric,
                         "value": value,
                         "estimate": estimate,
+                        "n": 40,
+                        "stderr": value / 10,
+                        "value_min": value / 5,
+                        "value_max": value * 5,
                     }
                 )
     return points
@@ -77,6 +81,10 @@ def _gen(probe: str, layer: int | None, space: str, step: int, metric: str, valu
         "metric": metric,
         "value": value,
         "estimate": None,
+        "n": None,
+        "stderr": None,
+        "value_min": None,
+        "value_max": None,
     }
 
 

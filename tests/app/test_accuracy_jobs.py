@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from core.specs.common import ACCURACY_TASKS
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import prune_body, wait_done
+from workers.generative_tasks import TASKS as GENERATIVE_TASKS
 from workers.mc_tasks import task_names
 
 TASKS = ["arc_easy", "winogrande"]
@@ -27,8 +29,8 @@ def by_task_and_metric(items: list[dict[str, Any]]) -> dict[tuple[str, str], dic
     return {(item["dataset"], item["metric"]): item for item in items}
 
 
-def test_schema_task_names_are_the_worker_registry() -> None:
-    assert task_names() == ACCURACY_TASKS
+def test_schema_task_names_are_the_worker_registries() -> None:
+    assert set(task_names()) | set(GENERATIVE_TASKS) == set(ACCURACY_TASKS)
 
 
 def test_evaluate_job_with_tasks_stores_acc_and_acc_norm_per_task_and_exports_lm_eval(
@@ -157,6 +159,83 @@ def test_prune_with_accuracy_stores_dense_and_pruned_acc_reuses_the_dense_and_pr
     assert predicted["task"] == "arc_easy" and predicted["source"] == "store"
     assert predicted["baseline"]["result_id"] == dense["id"]
     assert predicted["protocol"]["chance"] == pytest.approx(dense["protocol"]["chance"])
+
+
+def test_generative_tasks_run_in_evaluate_and_prune_jobs_export_lm_eval_keys_and_reuse_the_dense(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    accuracy = {"tasks": ["lambada_openai", "gsm8k"], "limit": 2, "max_new_tokens": 4, "batch_size": 2}
+    evaluated = api.post("/v1/jobs", json=evaluate_body(str(tiny_model_dir), accuracy=accuracy)).json()
+    wait_done(api, evaluated["id"], worker)
+    rows = by_task_and_metric(api.get(f"/v1/jobs/{evaluated['id']}/results").json()["items"])
+    assert set(rows) == {
+        ("lambada_openai", "perplexity"),
+        ("lambada_openai", "acc"),
+        ("gsm8k", "exact_match,strict-match"),
+        ("gsm8k", "exact_match,flexible-extract"),
+    }
+    gsm8k = rows[("gsm8k", "exact_match,strict-match")]
+    assert gsm8k["split"] == "test" and gsm8k["n"] == 2 and gsm8k["value"] == 0.0  # a random model
+    protocol = gsm8k["protocol"]
+    assert protocol["num_fewshot"] == 5 and protocol["max_new_tokens"] == 4 and protocol["chance"] == 0.0
+    assert protocol["stop_sequences"] == ["Question:", "</s>", "<|im_end|>"]
+    assert protocol["truncated_prompts"] == 2  # 5-shot prompts exceed the tiny model's context
+    assert len(protocol["examples"]) == 2 and sum(protocol["stopped_by"].values()) == 2
+    assert rows[("lambada_openai", "perplexity")]["value"] > 1.0
+    assert rows[("lambada_openai", "acc")]["protocol"]["num_fewshot"] == 0
+
+    doc = api.get(f"/v1/jobs/{evaluated['id']}/results", params={"format": "lm-eval"}).json()
+    assert set(doc["results"]["gsm8k"]) == {
+        "alias",
+        "exact_match,strict-match",
+        "exact_match_stderr,strict-match",
+        "exact_match,flexible-extract",
+        "exact_match_stderr,flexible-extract",
+    }
+    assert (
+        doc["results"]["lambada_openai"]["perplexity,none"] == rows[("lambada_openai", "perplexity")]["value"]
+    )
+    assert doc["higher_is_better"]["lambada_openai"] == {"perplexity": False, "acc": True}
+    assert doc["configs"]["gsm8k"]["output_type"] == "generate_until"
+    assert doc["configs"]["gsm8k"]["generation_kwargs"]["max_gen_toks"] == 4
+    assert doc["n-shot"] == {"lambada_openai": 0, "gsm8k": 5}
+
+    body = prune_body(str(tiny_model_dir), 0.5, method="wanda", accuracy=accuracy, save_artifact=False)
+    pruned = api.post("/v1/jobs", json=body).json()
+    wait_done(api, pruned["id"], worker)
+    pruned_rows = api.get(f"/v1/jobs/{pruned['id']}/results").json()["items"]
+    scored = {
+        (row["dataset"], row["metric"]): row
+        for row in pruned_rows
+        if row["dataset"] in ("gsm8k", "lambada_openai")
+    }
+    assert set(scored) == set(rows) and all(row["method"] == "wanda" for row in scored.values())
+    for key, row in scored.items():
+        assert (
+            row["protocol"]["dense_result_id"] == rows[key]["id"] and row["protocol"]["dense_reused"] is True
+        )
+
+    # The retention view pairs the pruned scores with these dense ones.
+    model = quote(evaluated["model"], safe="")
+    view = api.get(f"/v1/models/{model}/retention").json()
+    (pruning,) = view["prunings"]
+    assert pruning["method"] == "wanda" and pruning["sparsity"] == 0.5
+    paired = {(s["dataset"], s["metric"]): s for s in pruning["scores"]}
+    perplexity = paired[("lambada_openai", "perplexity")]
+    assert perplexity["family"] == "perplexity"
+    assert perplexity["dense_result_id"] == rows[("lambada_openai", "perplexity")]["id"]
+    assert perplexity["retained"] == pytest.approx(perplexity["dense"] / perplexity["pruned"])
+    assert ("wikitext2", "ppl") in paired
+    floor = [note for note in pruning["skipped"] if note.startswith("gsm8k exact_match,flexible-extract")]
+    assert floor and "floor" in floor[0]  # a random model scores 0 on GSM8K
+    svg = api.get(f"/v1/models/{model}/retention", params={"format": "svg"})
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    report = api.get(f"/v1/jobs/{pruned['id']}/report").text
+    assert "when pruning works" in report
+    nothing = api.get("/v1/models/nobody/retention").json()
+    assert nothing["prunings"] == [] and "submit" in nothing["notes"][-1]
+    assert_problem(api.get("/v1/models/nobody/retention", params={"format": "png"}), 404)
 
 
 def test_missing_accuracy_baseline_names_an_evaluate_job_that_validates(

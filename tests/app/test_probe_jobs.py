@@ -55,16 +55,31 @@ def test_probe_job_with_wanda_stores_every_probe_and_its_plots_render(
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:
     worker = start_worker()
-    job = api.post("/v1/jobs", json=probe_body(str(tiny_model_dir))).json()
+    body = probe_body(str(tiny_model_dir), generation={"max_new_tokens": 6, "counterfactual_steps": 2})
+    job = api.post("/v1/jobs", json=body).json()
     assert job["kind"] == "probe"
     done = wait_done(api, job["id"], worker)
     assert done["stage"] == "done" and done["progress"] == 1.0
 
     points = all_points(api, job["id"])
     probes = {point["probe"] for point in points}
-    assert probes == {"model", "counterfactual", "generation-greedy", "generation-sampled", "mc-subspace"}
+    assert probes == {
+        "model",
+        "counterfactual",
+        "generation-greedy",
+        "generation-sampled",
+        "generation-teacher-forced",
+        "mc-subspace",
+    }
     layers = {p["layer"] for p in points if p["probe"] == "counterfactual"}
     assert layers == {0, 1}  # the tiny model's two blocks
+    # prompt points (no step) and the first two decoding steps of the dense model's generation
+    assert {p["step"] for p in points if p["probe"] == "counterfactual"} == {None, 0, 1}
+    forced = {p["step"] for p in points if p["probe"] == "generation-teacher-forced"}
+    assert forced == {0, 1}
+    prompt_points = [p for p in points if p["probe"] == "counterfactual" and p["step"] is None]
+    assert all(p["n"] >= 2 and p["value_min"] <= p["value"] <= p["value_max"] for p in prompt_points)
+    assert all(p["stderr"] is not None for p in prompt_points)
     kl = [p for p in points if p["probe"] == "counterfactual" and p["metric"] == "kl"]
     assert kl and all(p["value"] >= 0 and p["estimate"] is not None for p in kl)
     assert all(math.isfinite(p["value"]) for p in points)
@@ -77,6 +92,8 @@ def test_probe_job_with_wanda_stores_every_probe_and_its_plots_render(
     [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
     assert cost["method"] == "wanda" and cost["value"] > 0 and cost["n"] == len(points)
     assert cost["protocol"]["prompts"] == 3 and cost["protocol"]["skipped"] == {}
+    assert cost["protocol"]["measuring_points"]["attention"].startswith("attention sublayer output")
+    assert cost["protocol"]["cost_multiples"]["decoding_steps"] > 0
 
     for view in ("layers", "heatmap", "generation"):
         svg = api.get(f"/v1/jobs/{job['id']}/probes/plot.svg", params={"view": view})

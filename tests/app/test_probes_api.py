@@ -169,7 +169,7 @@ def test_probe_with_its_own_pruning_is_queued_with_defaults_spelled_out(
     assert job["kind"] == "probe" and queued(api, job["id"])
     request = job["request"]
     assert request["sublayers"] == ["attention", "mlp", "block"] and request["temperature"] == 1.0
-    assert request["generation"] == {"max_new_tokens": 32, "seed": 7}
+    assert request["generation"] == {"max_new_tokens": 32, "counterfactual_steps": 0, "seed": 7}
     assert request["prompts"] == prompts and request["artifact_job_id"] is None
     defaults = api.post("/v1/jobs", json=probe_body(str(tiny_model_dir), generation=None)).json()
     assert defaults["request"]["generation"] is None and defaults["request"]["prompts"] is None
@@ -235,7 +235,16 @@ def test_openapi_documents_the_probe_kind_and_methods(api: TestClient) -> None:
     spec = api.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
     prune = schemas["PruneJobCreate"]["properties"]
-    methods = ["slicegpt", "magnitude", "wanda", "sparsegpt", "attention-drop", "mlp-drop", "shortgpt"]
+    methods = [
+        "slicegpt",
+        "magnitude",
+        "magnitude-row",
+        "wanda",
+        "sparsegpt",
+        "attention-drop",
+        "mlp-drop",
+        "shortgpt",
+    ]
     assert prune["method"]["enum"] == methods
     assert (
         "Block Influence" in prune["method"]["description"]

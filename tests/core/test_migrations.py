@@ -30,12 +30,15 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0005 added the profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
+# Revision 0006 added the probe points' spread, 0005 the profile tables, 0004 jobs.progress_at,
+# 0003 probe_points.probe.
+SPREAD = {"n", "stderr", "value_min", "value_max"}
+BEFORE_0006 = {**EXPECTED, "probe_points": EXPECTED["probe_points"] - SPREAD}
 BEFORE_0005 = {
-    name: columns for name, columns in EXPECTED.items() if name not in ("profiles", "profile_signals")
+    name: columns for name, columns in BEFORE_0006.items() if name not in ("profiles", "profile_signals")
 }
 BEFORE_0004 = {**BEFORE_0005, "jobs": EXPECTED["jobs"] - {"progress_at"}}
-BEFORE_0003 = {**BEFORE_0004, "probe_points": EXPECTED["probe_points"] - {"probe"}}
+BEFORE_0003 = {**BEFORE_0004, "probe_points": BEFORE_0004["probe_points"] - {"probe"}}
 
 
 def _insert_job(store: Store, job_id: str, kind: str, status: str = "queued") -> None:
@@ -208,3 +211,31 @@ def test_profiles_migration_adds_the_profile_tables_and_downgrades_back(
     store.dispose()
     command.downgrade(alembic_config(url), "0004")
     assert _schema(url) == BEFORE_0005
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_spread_migration_keeps_old_points_without_a_spread_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0005")
+    assert _schema(url) == BEFORE_0006
+    store = Store(url)
+    _insert_job(store, "job-1", "probe", status="succeeded")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO probe_points (job_id, probe, space, metric, value) "
+                "VALUES ('job-1', 'model', 'probs', 'kl', 0.01)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        old = session.scalars(select(ProbePoint)).one()
+        assert (old.value, old.n, old.stderr, old.value_min, old.value_max) == (0.01, None, None, None, None)
+    store.dispose()
+    command.downgrade(alembic_config(url), "0005")
+    assert _schema(url) == BEFORE_0006

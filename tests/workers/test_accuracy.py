@@ -34,12 +34,12 @@ from workers.mc_tasks import (
     TaskDataError,
     _arc_from_olmes,
     _openbookqa_from_olmes,
-    _read_olmes_docs,
     chance_level,
     docs_sha256,
     fewshot_docs,
     hellaswag_preprocess,
     load_task,
+    read_olmes_docs,
     task_data_root,
     task_names,
 )
@@ -296,7 +296,7 @@ def test_test_splits_read_from_olmes_docs_match_the_raw_rows_on_validation(name:
     """The test splits come from OLMES request docs; on validation, where the raw Arrow rows exist
     too, the same recovery must give exactly the docs built from the raw rows."""
     to_doc = _openbookqa_from_olmes if name == "openbookqa" else _arc_from_olmes
-    olmes = _read_olmes_docs(task_data_root() / f"oe_eval_tasks/{name}/val_rc_5shot/requests.jsonl.gz")
+    olmes = read_olmes_docs(task_data_root() / f"oe_eval_tasks/{name}/val_rc_5shot/requests.jsonl.gz")
     from_olmes = tuple(to_doc(doc, position) for position, doc in enumerate(olmes))
     assert from_olmes == load_task(name, split="validation").docs
 

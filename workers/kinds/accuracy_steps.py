@@ -1,11 +1,13 @@
-"""Steps that score multiple-choice accuracy in a job (`evaluate`, `prune`): plan the tasks, score
-them with progress and cancellation, find or measure the dense accuracy, and the result rows.
+"""Steps that score tasks in a job (`evaluate`, `prune`, `sweep`): plan the tasks, score them with
+progress and cancellation, find or measure the dense scores, and the result rows.
 
-Every task becomes one result per lm-eval metric it defines (`acc`, and `acc_norm` except for
-WinoGrande), with the task name as the result's `dataset`, its split as `split`, the standard
-error as `stderr` and the docs scored as `n`. The protocol is the scorer's (`TaskResult.protocol`)
-plus `chance`, the hash of the docs as scored, timings and versions. A dense accuracy is reused by
-a later job when model, revision and ACCURACY_MATCH_KEYS agree (`steps.find_dense_baseline`).
+Every task becomes one result per lm-eval metric it defines (`core.tasks`: `acc`, and `acc_norm`
+except for WinoGrande; LAMBADA's `perplexity` and `acc`; GSM8K's `exact_match,strict-match` and
+`exact_match,flexible-extract`), with the task name as the result's `dataset`, its split as
+`split`, the standard error as `stderr` and the docs scored as `n`. The protocol is the scorer's
+(`ScoredTask.protocol`) plus `chance`, the hash of the docs as scored, timings and versions. A
+dense score is reused by a later job when model, revision and ACCURACY_MATCH_KEYS agree
+(`steps.find_dense_baseline`).
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ from core.methods import DENSE
 from core.model_sources import ModelSource
 from core.specs.common import AccuracySpec
 from core.tables import Result
-from workers.accuracy import TaskResult, score_task
+from core.tasks import task_info
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
 from workers.evaluate import EvaluationStopped
 from workers.kinds.steps import dtype_name, find_dense_baseline, stage_progress
 from workers.loading import LoadedModel
-from workers.mc_tasks import TaskDataError, docs_sha256, fewshot_docs, load_task
+from workers.mc_tasks import TaskDataError, docs_sha256
+from workers.task_scoring import ScoredTask, TaskRequest, docs_to_score, score_requested_task, task_request
 
 # Seed of the few-shot draws (lm-eval's default fewshot seed); recorded in the protocol.
 FEWSHOT_SEED = 1234
 # Protocol keys that must be equal for two accuracies of one model on one task to be the same
 # measurement. `data_sha256` hashes the docs as scored, few-shot prompts included.
-ACCURACY_MATCH_KEYS = ("limit", "subsample_seed", "num_fewshot", "data_sha256", "dtype")
+# `max_new_tokens` is None except for generation tasks (rows stored before it existed match None).
+ACCURACY_MATCH_KEYS = ("limit", "subsample_seed", "num_fewshot", "max_new_tokens", "data_sha256", "dtype")
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class TaskPlan:
 
     name: str
     split: str
-    metrics: tuple[str, ...]  # ("acc", "acc_norm") or ("acc",)
+    metrics: tuple[str, ...]  # the task's metrics (core.tasks)
     match: dict[str, Any]  # ACCURACY_MATCH_KEYS -> value: what a reusable dense accuracy must share
 
 
@@ -59,22 +63,35 @@ def plan_tasks(spec: AccuracySpec, loaded: LoadedModel) -> list[TaskPlan]:
     scoring, and hash the docs as they will be scored."""
     plans = []
     for name in spec.tasks:
+        request = request_for(spec, name)
         try:
-            task = load_task(name)
-            indices = task.select(limit=spec.limit, subsample_seed=spec.subsample_seed)
-            docs = fewshot_docs(task, indices, spec.num_fewshot, FEWSHOT_SEED)
+            split, docs = docs_to_score(request)
         except (TaskDataError, DataMissingError, ValueError) as error:
             raise JobFailure(f"accuracy on {name}: {error}") from error
         match = {
             "limit": spec.limit,
             "subsample_seed": spec.subsample_seed,
-            "num_fewshot": spec.num_fewshot,
+            "num_fewshot": request.num_fewshot,
+            "max_new_tokens": request.max_new_tokens,
             "data_sha256": docs_sha256(docs),
             "dtype": dtype_name(loaded.dtype),
         }
         assert tuple(match) == ACCURACY_MATCH_KEYS
-        plans.append(TaskPlan(name=name, split=task.split, metrics=task.metrics, match=match))
+        plans.append(TaskPlan(name=name, split=split.split, metrics=task_info(name).metrics, match=match))
     return plans
+
+
+def request_for(spec: AccuracySpec, name: str) -> TaskRequest:
+    """How `name` is scored under `spec`, with the task's own defaults where the spec has none."""
+    return task_request(
+        name,
+        limit=spec.limit,
+        subsample_seed=spec.subsample_seed,
+        num_fewshot=spec.num_fewshot,
+        max_new_tokens=spec.max_new_tokens,
+        batch_size=spec.batch_size,
+        fewshot_seed=FEWSHOT_SEED,
+    )
 
 
 def measure_accuracy(
@@ -88,7 +105,7 @@ def measure_accuracy(
     start: float,
     end: float,
     detail_prefix: str = "",
-) -> list[TaskResult]:
+) -> list[ScoredTask]:
     """Score `model` on each task in turn, reporting `stage` with detail '<task> i/N' within
     [start, end] of the job; stops at the next batch when the job must stop."""
     results = []
@@ -103,15 +120,10 @@ def measure_accuracy(
 
         try:
             results.append(
-                score_task(
+                score_requested_task(
                     model,
                     tokenizer,
-                    name,
-                    limit=spec.limit,
-                    subsample_seed=spec.subsample_seed,
-                    num_fewshot=spec.num_fewshot,
-                    fewshot_seed=FEWSHOT_SEED,
-                    batch_size=spec.batch_size,
+                    request_for(spec, name),
                     progress=report,
                     should_stop=context.should_stop,
                 )
@@ -125,7 +137,7 @@ def measure_accuracy(
 
 
 def accuracy_results(
-    measured: TaskResult,
+    measured: ScoredTask,
     *,
     source: ModelSource,
     loaded: LoadedModel,
@@ -147,9 +159,7 @@ def accuracy_results(
         "elapsed_s": round(measured.elapsed_s, 3),
         **environment,
     }
-    values = {"acc": (measured.acc, measured.acc_stderr)}
-    if measured.acc_norm is not None:
-        values["acc_norm"] = (measured.acc_norm, measured.acc_norm_stderr)
+    values = measured.metric_values()
     return [
         Result(
             model_id=source.model_id,

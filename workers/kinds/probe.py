@@ -9,7 +9,9 @@ Stages and the share of the job's progress each one covers:
     counterfactual   0.40-0.70  per layer and sublayer, on the dense input; detail "prompt-layer i/N"
                                 (N = prompts x layers)
                                 (skipped for sliced models: their hidden width differs)
-    generation       0.70-0.95  greedy then sampled, both models; detail "prompt-step i/N"
+    generation       0.70-0.95  greedy then sampled, both models; detail "prompt-step i/N"; with
+                                `generation.counterfactual_steps`, then the pruned model teacher-forced
+                                on the dense greedy text and the counterfactual at those decoding steps
     multiple choice  0.95-1.00  the option-token subspace of the multiple-choice prompts
 
 Stored: the probe points (`GET /v1/jobs/{id}/probes`), and one result `probe_cost_multiple`: the
@@ -50,6 +52,7 @@ from workers.kinds.steps import load_for_job, step_reporter
 from workers.loading import LoadedModel, ModelLoadError, load_copy
 from workers.probing import (
     BUILTIN_PROMPTS,
+    MEASURING_POINTS,
     SLICED_SUBLAYERS_REASON,
     ProbePrompt,
     ProbeRecord,
@@ -61,6 +64,7 @@ from workers.probing import (
     model_probe,
     option_token_ids,
 )
+from workers.probing.decoding import decoding_counterfactual_probe, teacher_forced_probe
 from workers.pruners import ARTIFACT_PRUNERS, PruneOptions, block_count, pruner_for
 
 LOAD_END = 0.05
@@ -187,6 +191,41 @@ def probe_generation(probed: ProbeRun) -> None:
         progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "prompt-step"),
     )
     probed.timings["generation_s"] = lap(started)
+    if spec.generation.counterfactual_steps:
+        probe_decoding_steps(probed, spec.generation.counterfactual_steps)
+
+
+def probe_decoding_steps(probed: ProbeRun, steps: int) -> None:
+    """Along the dense model's greedy generation: the pruned model teacher-forced on it, and the
+    local counterfactual at each of the first `steps` decoding steps (where the counterfactual runs
+    at all: a sliced model without bases has none)."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
+    started = time.perf_counter()
+    context.report("generation", GENERATION_END, f"teacher-forced, {steps} steps")
+    probed.records += run_probe(
+        context,
+        teacher_forced_probe,
+        dense.model,
+        pruned.model,
+        probed.input_ids,
+        max_new_tokens=steps,
+        temperature=spec.temperature,
+    )
+    if "counterfactual" not in probed.skipped:
+        context.report("generation", GENERATION_END, f"counterfactual at {steps} decoding steps")
+        probed.records += run_probe(
+            context,
+            decoding_counterfactual_probe,
+            dense.model,
+            pruned.model,
+            pruned.layer_map,
+            probed.input_ids,
+            max_new_tokens=steps,
+            temperature=spec.temperature,
+            sublayers=tuple(spec.sublayers),
+            bases=pruned.bases,
+        )
+    probed.timings["decoding_steps_s"] = lap(started)
 
 
 def probe_choices(probed: ProbeRun) -> None:
@@ -238,6 +277,7 @@ def store_probes(probed: ProbeRun, model_id: str, environment: dict[str, Any]) -
                     "builtin_prompts": not spec.prompts,
                     "temperature": spec.temperature,
                     "sublayers": list(spec.sublayers),
+                    "measuring_points": {name: MEASURING_POINTS[name] for name in spec.sublayers},
                     "generation": None if spec.generation is None else spec.generation.model_dump(),
                     "skipped": probed.skipped,
                     "pruning": pruned.report,
@@ -264,7 +304,7 @@ def cost_multiples(timings: dict[str, float]) -> dict[str, float]:
     unit = max(timings["dense_pass_s"], 1e-9)
     probes = {
         name: timings[f"{name}_s"] / unit
-        for name in ("model_probe", "counterfactual", "generation", "mc_subspace")
+        for name in ("model_probe", "counterfactual", "generation", "decoding_steps", "mc_subspace")
         if f"{name}_s" in timings
     }
     return {

@@ -28,7 +28,6 @@ from core.model_sources import ModelSource
 from core.specs.common import AccuracySpec, CalibrationSpec
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.tables import Artifact, Result
-from workers.accuracy import TaskResult
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
@@ -54,6 +53,7 @@ from workers.kinds.steps import (
 from workers.loading import LoadedModel
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
 from workers.slicing.adapters import UnsupportedArchitectureError
+from workers.task_scoring import ScoredTask
 
 # Results that describe the model rather than a measurement on data carry this dataset name.
 NO_DATASET = "none"
@@ -330,7 +330,7 @@ def score_pruned_accuracy(
     start: float,
     end: float,
     detail_prefix: str = "",
-) -> list[TaskResult]:
+) -> list[ScoredTask]:
     """Score the pruned model on the prepared tasks (none when the job asked for no accuracy)."""
     if accuracy is None:
         return []
@@ -415,7 +415,7 @@ def pruned_accuracy_results(
     prepared: Prepared,
     spec: PruningJob,
     outcome: Measured,
-    scored: list[TaskResult],
+    scored: list[ScoredTask],
     *,
     extra_protocol: dict[str, Any] | None = None,
 ) -> list[Result]:

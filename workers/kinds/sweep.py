@@ -16,8 +16,9 @@ Stages and the share of the job's progress each one covers:
 
 With `accuracy`, the dense baseline span also covers the dense accuracy (measured or reused once),
 each sparsity's last fifth scores the sliced model ("accuracy", detail "s=0.2 (2/4): arc_easy 1/2")
-and fitting also stores one calibrated accuracy law per task and metric (`acc`, `acc_norm`); a task
-and metric whose law cannot be fitted is logged and left out, the other fits are still stored.
+and fitting also stores one calibrated accuracy law per multiple-choice task and metric (`acc`,
+`acc_norm`; the generative tasks' scores are stored, not fitted: the laws need a chance floor); a
+task and metric whose law cannot be fitted is logged and left out, the other fits are still stored.
 
 Each sparsity slices a fresh dense copy: the first one the model loaded for the baseline, the next
 ones a copy re-read from the checkpoint (`workers.loading.refresh_model`, cheaper and safer than a
@@ -40,6 +41,7 @@ from core.methods import METHODS
 from core.profiles import CALIBRATION_KEYS
 from core.specs.jobs import SweepJobCreate
 from core.tables import Fit, Result
+from core.tasks import task_info
 from workers.context import JobContext, JobFailure
 from workers.kinds.prune_steps import (
     NO_DATASET,
@@ -127,12 +129,7 @@ def run(context: JobContext) -> None:
             "sweep point measured",
             sparsity=sparsity,
             ppl=outcome.perplexity.ppl,
-            accuracy={
-                f"{r.task}/{m}": v
-                for r in scored
-                for m, v in (("acc", r.acc), ("acc_norm", r.acc_norm))
-                if v is not None
-            },
+            accuracy={f"{r.task}/{m}": v for r in scored for m, (v, _) in r.metric_values().items()},
             param_fraction_removed=outcome.report.param_fraction_removed,
             point_s=timings["point_s"],
         )
@@ -232,6 +229,8 @@ def _accuracy_fits(
     ppl_key = ("ppl", prepared.data.spec.dataset)
     shared = _pruning_protocol(spec, prepared, next(iter(measured.values()))[ppl_key])
     for plan in prepared.accuracy_plans:
+        if task_info(plan.name).generative:  # the laws need a chance floor among options
+            continue
         for metric in plan.metrics:
             dense = prepared.dense_accuracy[plan.name].results[metric]
             try:

@@ -12,18 +12,20 @@ vocabulary, in nats.
 """
 
 from workers.probing.counterfactual import (
+    MEASURING_POINTS,
     SLICED_SUBLAYERS_REASON,
     SUBLAYERS,
     counterfactual_probe,
     counterfactual_unavailable,
 )
-from workers.probing.endpoint import mc_subspace_probe, model_probe, option_token_ids
+from workers.probing.endpoint import mc_subspace_probe, mc_subspace_records, model_probe, option_token_ids
 from workers.probing.generation import generate_tokens, generation_probe
 from workers.probing.prompts import BUILTIN_PROMPTS, ProbePrompt
 from workers.probing.records import ProbeRecord, ProbeStopped
 
 __all__ = [
     "BUILTIN_PROMPTS",
+    "MEASURING_POINTS",
     "SLICED_SUBLAYERS_REASON",
     "SUBLAYERS",
     "ProbePrompt",
@@ -34,6 +36,7 @@ __all__ = [
     "generate_tokens",
     "generation_probe",
     "mc_subspace_probe",
+    "mc_subspace_records",
     "model_probe",
     "option_token_ids",
 ]

@@ -5,8 +5,12 @@ are captured. Then, for each dense layer l and each sublayer kind, one block for
 input of layer l gives the counterfactual output y'_l:
 
 - "attention": dense block l with only its attention linears (readers and writers) swapped for
-  the pruned model's corresponding linears;
-- "mlp": the same with the MLP linears;
+  the pruned model's corresponding linears, measured where the research measures it: at the
+  attention sublayer's output, the mid-stream h = x + attn(norm(x)) against the dense block's, so
+  that the MLP's reaction is not counted as the attention's (MEASURING_POINTS). Parallel-residual
+  blocks (attention and MLP both read x) have no mid-stream: there it is the block output;
+- "mlp": the same with the MLP linears, at the block output: the dense mid-stream plus the pruned
+  MLP, which is the MLP sublayer's output;
 - "block": the whole pruned block (layer_map[l]); the identity (y' = x) when the pruned model
   removed the block, in which case only "block" is recorded.
 
@@ -47,15 +51,23 @@ from workers.probing.common import (
 )
 from workers.probing.deviation import (
     DistributionReference,
+    TokenDeviation,
     VectorReference,
     probability_deviations,
     vector_deviations,
 )
+from workers.probing.head import Float32Head
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
 from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.portable.sliced_modules import get_path, set_path
 
 SUBLAYERS = ("attention", "mlp", "block")
+MEASURING_POINTS = {
+    "attention": "attention sublayer output: x + attn(norm(x)) (block output in parallel-residual blocks)",
+    "mlp": "MLP sublayer output: the dense mid-stream + the pruned MLP (the block output)",
+    "block": "block output",
+}
+"""Where each sublayer's counterfactual is measured (recorded in the probe job's protocol)."""
 SLICED_SUBLAYERS_REASON = (
     "a sliced model's attention and MLP read and write its own widths and bases, so they cannot be "
     "swapped into a dense block alone; its blocks are compared whole, through the kept bases"
@@ -107,6 +119,7 @@ class _BlockCall:
             self.hidden, self.args, self.kwargs = kwargs["hidden_states"], (), dict(kwargs)
             self.by_name = True
         self.output = block_hidden(output).detach()  # (1, T, D)
+        self.mid: torch.Tensor | None = None  # (1, T, D): the dense mid-stream, for sequential blocks
 
     def run(self, block: nn.Module, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """`block` on this call's input (or `hidden` in its place) and arguments."""
@@ -115,12 +128,38 @@ class _BlockCall:
             return block_hidden(block(**{**self.kwargs, "hidden_states": hidden}))
         return block_hidden(block(hidden, *self.args, **self.kwargs))
 
+    def mid_stream(self, block: nn.Module, adapter: FamilyAdapter) -> torch.Tensor:
+        """x + attn(norm(x)) of `block` on this call's input, the attention sublayer's output: what
+        the block's own forward feeds its MLP norm (`mid_stream_norm`), captured by a hook."""
+        found: list[torch.Tensor] = []
+
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            found.append(args[0])
+
+        handle = mid_stream_norm(adapter, block).register_forward_pre_hook(hook)
+        try:
+            self.run(block)
+        finally:
+            handle.remove()
+        return found[0].reshape(self.output.shape)  # (1, T, D): OPT flattens the tokens there
+
     def run_mapped(self, block: nn.Module, basis_in: torch.Tensor, basis_out: torch.Tensor) -> torch.Tensor:
         """A sliced block on this call's input mapped into its basis (x B_in), its output mapped back;
         the bases float64 on the input's device (`_bases_on`)."""
         x = self.hidden
         out = self.run(block, (x.double() @ basis_in).to(x.dtype))
         return (out.double() @ basis_out.T).to(x.dtype)
+
+
+POST_NORM_MLP_NORM = "pre_feedforward_layernorm"
+"""Post-norm blocks (Gemma-2/3) normalise the attention branch at `post_attention_layernorm` before
+the residual add and read the MLP through this norm: its input is their mid-stream."""
+
+
+def mid_stream_norm(adapter: FamilyAdapter, block: nn.Module) -> nn.Module:
+    """The module whose input is the block's mid-stream x + attn(...)."""
+    norm = getattr(block, POST_NORM_MLP_NORM, None)
+    return norm if isinstance(norm, nn.Module) else adapter.mlp_norm(block)
 
 
 def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> list[_BlockCall]:
@@ -134,8 +173,21 @@ def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor)
 
         return hook
 
+    mids: dict[int, torch.Tensor] = {}
+
+    def mid_hook_for(index: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            mids[index] = args[0].detach()
+
+        return hook
+
     handles = [
         block.register_forward_hook(hook_for(index), with_kwargs=True) for index, block in enumerate(blocks)
+    ]
+    handles += [
+        mid_stream_norm(adapter, block).register_forward_pre_hook(mid_hook_for(index))
+        for index, block in enumerate(blocks)
+        if not adapter.is_parallel(block)
     ]
     try:
         adapter.decoder(model)(input_ids=ids[None], use_cache=False)
@@ -145,7 +197,10 @@ def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor)
     missing = [index for index, call in enumerate(calls) if call is None]
     if missing:
         raise RuntimeError(f"blocks {missing} did not run during the dense forward")
-    return [call for call in calls if call is not None]
+    found = [call for call in calls if call is not None]
+    for index, mid in mids.items():
+        found[index].mid = mid.reshape(found[index].output.shape)  # OPT flattens the tokens there
+    return found
 
 
 def _plan(
@@ -229,6 +284,7 @@ def counterfactual_probe(
     temperature: float = 1.0,
     sublayers: Sequence[str] = SUBLAYERS,
     bases: Sequence[torch.Tensor] | None = None,
+    step_positions: Sequence[list[int]] | None = None,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> list[ProbeRecord]:
@@ -236,12 +292,14 @@ def counterfactual_probe(
     pruned, on the dense input. Records at probe "counterfactual": embedding and logits spaces
     ("1-cos" with estimate, "dpar", "dperp") and probs space ("1-cos", "kl", with estimates).
 
+    `step_positions[i]` (one list per prompt) measures prompt i only at those positions, the j-th as
+    decoding step j (`decoding.decoding_counterfactual_probe`); without it, every position but the first,
+    with no step.
+
     `bases` (a sliced model's `SlicingReport.bases`) compares a SliceGPT model block by block
     (module docstring); without them, ValueError when the two streams differ in width or basis.
     """
-    for sublayer in sublayers:
-        if sublayer not in SUBLAYERS:
-            raise ValueError(f"unknown sublayer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
+    _check_arguments(sublayers, step_positions, input_ids)
     adapter, _ = family_adapters(dense, pruned)
     reason = counterfactual_unavailable(dense, pruned, bases)
     if reason is not None:
@@ -257,27 +315,46 @@ def counterfactual_probe(
     else:
         plan = _plan(adapter, dense_blocks, pruned_blocks, layer_map, sublayers)
     sums = RecordSums("counterfactual")
+    head = Float32Head(adapter, dense)
     total, done = len(input_ids) * len(dense_blocks), 0
-    for ids in input_ids:
+    for index, ids in enumerate(input_ids):
+        positions = None if step_positions is None else step_positions[index]
         calls = _capture_blocks(adapter, dense, ids.to(device))
         for layer, steps in enumerate(plan):
             if should_stop is not None and should_stop():
                 raise ProbeStopped(f"stopped before layer {layer}")
             call, target = calls[layer], layer_map[layer]
             pruned_block = None if target is None else pruned_blocks[target]
+            at_mid = "attention" in steps and not adapter.is_parallel(dense_blocks[layer])
             outputs = {
                 sublayer: (
                     call.run_mapped(pruned_blocks[layer], bases[layer], bases[layer + 1])
                     if how == "mapped" and bases is not None
-                    else _sublayer_output(adapter, call, how, sublayer, dense_blocks[layer], pruned_block)
+                    else _sublayer_output(
+                        adapter, call, how, sublayer, dense_blocks[layer], pruned_block, at_mid
+                    )
                 )
                 for sublayer, how in steps.items()
             }
-            _measure(sums, adapter, dense, layer, call.output, outputs, temperature)
+            if at_mid:  # the attention against the dense mid-stream, the rest against the output
+                assert call.mid is not None  # captured for every sequential block
+                attention = {"attention": outputs.pop("attention")}
+                _measure(sums, head, layer, call.mid, attention, temperature, positions)
+            _measure(sums, head, layer, call.output, outputs, temperature, positions)
             done += 1
             if progress is not None:
                 progress(done, total)
     return sums.records()
+
+
+def _check_arguments(
+    sublayers: Sequence[str], step_positions: Sequence[list[int]] | None, input_ids: list[torch.Tensor]
+) -> None:
+    for sublayer in sublayers:
+        if sublayer not in SUBLAYERS:
+            raise ValueError(f"unknown sublayer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
+    if step_positions is not None and len(step_positions) != len(input_ids):
+        raise ValueError(f"{len(step_positions)} lists of step positions for {len(input_ids)} prompts")
 
 
 def _sublayer_output(
@@ -287,10 +364,12 @@ def _sublayer_output(
     sublayer: str,
     dense_block: nn.Module,
     pruned_block: nn.Module | None,
+    at_mid: bool = False,
 ) -> torch.Tensor:
     """The layer's output with only `sublayer` pruned, as the plan says to get it: the input
     ("identity": the block was removed), the dense output ("same": untouched), the pruned block's
-    output ("pruned"), or a hybrid block with that branch swapped in ("swap")."""
+    output ("pruned"), or a hybrid block with that branch swapped in ("swap"); with `at_mid`, the
+    hybrid's attention sublayer output instead of its block output."""
     if how == "identity":
         return call.hidden
     if how == "same":
@@ -299,36 +378,63 @@ def _sublayer_output(
     if how == "pruned":
         return call.run(pruned_block)
     with swapped(dense_block, pruned_block, branch_paths(adapter, sublayer)) as hybrid:
+        if at_mid and sublayer == "attention":
+            return call.mid_stream(hybrid, adapter)
         return call.run(hybrid)
 
 
 def _measure(
     sums: RecordSums,
-    adapter: FamilyAdapter,
-    dense: nn.Module,
+    head: Float32Head,
     layer: int,
     output: torch.Tensor,
     counterfactuals: dict[str, torch.Tensor],
     temperature: float,
+    positions: list[int] | None = None,
 ) -> None:
-    """Add the shifts output -> each counterfactual at one layer, first position left out."""
+    """Add the shifts output -> each counterfactual at one layer: over every position but the first,
+    or, with `positions`, at each of those positions as decoding step 0, 1, ..."""
     if not counterfactuals:
         return
-    y = output[0, 1:]  # (T-1, D): the attention sink's position left out
-    shifted = {sublayer: value[0, 1:] for sublayer, value in counterfactuals.items()}
+    rows_at = slice(1, None) if positions is None else positions  # the attention sink's position left out
+    y = output[0, rows_at]  # (n, D)
+    shifted = {sublayer: value[0, rows_at] for sublayer, value in counterfactuals.items()}
     hidden = VectorReference.of(y)
+    steps = None if positions is None else list(range(len(positions)))
     for sublayer, y2 in shifted.items():
-        sums.add_deviations("embedding", vector_deviations(y, y2, hidden), layer=layer, sublayer=sublayer)
-    norm, head = adapter.final_norm(dense), adapter.lm_head(dense)
-    for rows in token_chunks(y.shape[0], head.out_features):
-        z = head(norm(y[rows]))  # (n, V): the dense logits of this layer, shared by every sublayer
+        _add(sums, "embedding", vector_deviations(y, y2, hidden), layer, sublayer, steps)
+    for rows in token_chunks(y.shape[0], head.vocab):
+        z = head(y[rows])  # (n, V) float32: the dense logits of this layer, shared by every sublayer
         logits, distribution = VectorReference.of(z), DistributionReference.of(z, temperature)
+        chunk_steps = None if steps is None else steps[rows]
         for sublayer, y2 in shifted.items():
-            z2 = z if counterfactuals[sublayer] is output else head(norm(y2[rows]))  # same: y' = y
-            sums.add_deviations("logits", vector_deviations(z, z2, logits), layer=layer, sublayer=sublayer)
-            sums.add_deviations(
-                "probs",
-                probability_deviations(z, z2, temperature, distribution),
+            z2 = z if counterfactuals[sublayer] is output else head(y2[rows])  # same: y' = y
+            _add(sums, "logits", vector_deviations(z, z2, logits), layer, sublayer, chunk_steps)
+            deviations = probability_deviations(z, z2, temperature, distribution)
+            _add(sums, "probs", deviations, layer, sublayer, chunk_steps)
+
+
+def _add(
+    sums: RecordSums,
+    space: str,
+    deviations: list[TokenDeviation],
+    layer: int,
+    sublayer: str,
+    steps: list[int] | None,
+) -> None:
+    """Every row into one point, or row i into the point of decoding step steps[i]."""
+    if steps is None:
+        sums.add_deviations(space, deviations, layer=layer, sublayer=sublayer)
+        return
+    for row, step in enumerate(steps):
+        for deviation in deviations:
+            estimates = None if deviation.estimates is None else deviation.estimates[row : row + 1]
+            sums.add(
+                space,
+                deviation.metric,
+                deviation.values[row : row + 1],
+                estimates,
                 layer=layer,
                 sublayer=sublayer,
+                step=step,
             )

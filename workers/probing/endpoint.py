@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,8 +24,10 @@ from workers.probing.common import (
     token_chunks,
 )
 from workers.probing.deviation import kl_divergence, kl_estimate, probability_deviations, vector_deviations
+from workers.probing.head import Float32Head
 from workers.probing.prompts import ProbePrompt
 from workers.probing.records import ProbeRecord, RecordSums
+from workers.slicing.adapters import FamilyAdapter
 
 
 @torch.no_grad()
@@ -35,22 +39,28 @@ def model_probe(
     hidden state when the residual streams are comparable."""
     adapter, pruned_adapter = family_adapters(dense, pruned)
     comparable = residual_mismatch(adapter, dense, pruned) is None
+    dense_head = Float32Head(adapter, dense)
+    pruned_head = Float32Head(pruned_adapter, pruned, dense_head.device)
     sums = RecordSums("model")
-    with (
-        capture_final_hidden(adapter, dense) as dense_found,
-        capture_final_hidden(pruned_adapter, pruned) as pruned_found,
-    ):
-        for ids in input_ids:
-            z = dense(input_ids=ids[None].to(model_device(dense)), use_cache=False).logits[0, 1:]  # (T-1, V)
-            z2 = pruned(input_ids=ids[None].to(model_device(pruned)), use_cache=False).logits[0, 1:]
-            z2 = z2.to(z.device)
-            if comparable:
-                h, h2 = dense_found["final"][0, 1:], pruned_found["final"][0, 1:].to(z.device)  # (T-1, D)
-                sums.add_deviations("embedding", vector_deviations(h, h2))
-            for rows in token_chunks(z.shape[0], z.shape[-1]):
-                sums.add_deviations("logits", vector_deviations(z[rows], z2[rows]))
-                sums.add_deviations("probs", probability_deviations(z[rows], z2[rows], temperature))
+    for ids in input_ids:
+        h = final_hidden(adapter, dense, ids)[1:]  # (T-1, D): the attention sink's position left out
+        h2 = final_hidden(pruned_adapter, pruned, ids)[1:]
+        if comparable:
+            sums.add_deviations("embedding", vector_deviations(h, h2.to(h.device)))
+        for rows in token_chunks(h.shape[0], dense_head.vocab):
+            z, z2 = dense_head(h[rows]), pruned_head(h2[rows])  # (n, V) float32 logits
+            sums.add_deviations("logits", vector_deviations(z, z2))
+            sums.add_deviations("probs", probability_deviations(z, z2, temperature))
     return sums.records()
+
+
+def final_hidden(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """(T, D): the final norm's input at every position of one prompt (the model's dtype), from a
+    forward that asks the model for no more logits than it must compute."""
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with capture_final_hidden(adapter, model) as found:
+        model(input_ids=ids[None].to(model_device(model)), use_cache=False, **keep)
+    return found["final"][0]
 
 
 def _encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
@@ -84,15 +94,29 @@ def mc_subspace_probe(
     (full vocabulary) and space "options" (option tokens only, renormalised), each with "kl"
     (KL(dense || pruned), with estimate) and "argmax_agree" (1 where both models' most likely
     token is the same). Prompts without options are ignored."""
-    sums = RecordSums("mc-subspace")
+    adapter, pruned_adapter = family_adapters(dense, pruned)
+    dense_head = Float32Head(adapter, dense)
+    pruned_head = Float32Head(pruned_adapter, pruned, dense_head.device)
+    scored = []
     for prompt in prompts:
         if not prompt.options:
             continue
         ids = torch.tensor(_encode(tokenizer, prompt.text, special=True), dtype=torch.long)
-        z = dense(input_ids=ids[None].to(model_device(dense)), use_cache=False).logits[0, -1:]  # (1, V)
-        z2 = pruned(input_ids=ids[None].to(model_device(pruned)), use_cache=False).logits[0, -1:]
+        z = dense_head(final_hidden(adapter, dense, ids)[-1:])  # (1, V) float32
+        z2 = pruned_head(final_hidden(pruned_adapter, pruned, ids)[-1:])
+        scored.append((z, z2, option_token_ids(tokenizer, prompt.options)))
+    return mc_subspace_records(scored, temperature)
+
+
+def mc_subspace_records(
+    scored: Sequence[tuple[torch.Tensor, torch.Tensor, list[int]]], temperature: float = 1.0
+) -> list[ProbeRecord]:
+    """`mc_subspace_probe`'s records from each prompt's next-token scores (dense, pruned, each (1, V))
+    and its option tokens."""
+    sums = RecordSums("mc-subspace")
+    for z, z2, option_ids in scored:
+        options = torch.tensor(option_ids, device=z.device)
         z2 = z2.to(z.device)
-        options = torch.tensor(option_token_ids(tokenizer, prompt.options), device=z.device)
         for space, dense_scores, pruned_scores in (
             ("probs", z, z2),
             ("options", z[:, options], z2[:, options]),  # softmax over these = p restricted, renormalised

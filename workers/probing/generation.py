@@ -18,7 +18,6 @@ after pruned block layer_map[l] at the new position, for a layer x step map.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.accuracy import cache_argument
 from workers.probing.common import capture_last_positions, family_adapters, model_device, residual_mismatch
 from workers.probing.counterfactual import check_layer_map
 from workers.probing.deviation import probability_deviations, vector_deviations
+from workers.probing.head import Float32Head
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
 from workers.slicing.adapters import FamilyAdapter
 
@@ -62,11 +63,6 @@ class StepState:
     blocks: list[torch.Tensor | None]  # (D,) output of each block
 
 
-def _cache_argument(model: nn.Module) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache`; use whichever the model takes."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 class Runner:
     """Runs one model token by token with its KV cache, capturing hidden states at the newest position."""
 
@@ -75,14 +71,15 @@ class Runner:
         self.device = model_device(model)
         self.hidden = hidden
         self._found = stack.enter_context(capture_last_positions(adapter, model, blocks=hidden))
-        self._cache_name = _cache_argument(model)
+        self._head = Float32Head(adapter, model)
+        self._cache_name = cache_argument(model)
         self._cache: Any = None
 
     def _state(self, output: Any) -> StepState:
         cache = getattr(output, "cache", None)
         self._cache = cache if cache is not None else getattr(output, "past_key_values", None)
         return StepState(
-            logits=output.logits[0, -1],
+            logits=self._head(self._found["final"][None])[0],  # float32, read from the final hidden state
             final=self._found["final"] if self.hidden else None,
             blocks=list(self._found["blocks"]),
         )

@@ -54,6 +54,7 @@ from core.profiles import signal_name
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
 from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_deviation
+from workers.probing.head import Float32Head
 from workers.slicing.adapters import FamilyAdapter, detect_family
 from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
 from workers.slicing.fusion import hidden_width
@@ -242,7 +243,6 @@ def profile_model(
             progress(index + 1, len(blocks))
     stream.batches.clear()
     measured.batches.clear()
-    reader.release()
     timings["total"] = time.perf_counter() - started
     return ProfileReport(
         family=adapter.name,
@@ -370,19 +370,13 @@ class _HeadReader:
     def __init__(
         self, model: PreTrainedModel, adapter: FamilyAdapter, compute: torch.device, labels: torch.Tensor
     ) -> None:
-        self.norm = adapter.final_norm(model)
-        self.home = home_device(model)
-        self.norm.to(compute)
-        head = adapter.lm_head(model)
-        self.weight = head.weight.detach().to(device=compute, dtype=torch.float32)  # (V, D)
-        self.bias = None if head.bias is None else head.bias.detach().to(device=compute, dtype=torch.float32)
+        self.head = Float32Head(adapter, model, compute)
         self.labels = labels.to(compute)
         self.compute = compute
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(n, D) -> (n, V) float32: the final norm in the model's dtype, the head in float32."""
-        normed = self.norm(hidden.to(self.compute)).float()
-        return torch.nn.functional.linear(normed, self.weight, self.bias)
+        """(n, D) -> (n, V) float32."""
+        return self.head(hidden)
 
     def read(self, rows: torch.Tensor, vectors: torch.Tensor, widths: list[int]) -> list[LensReading]:
         """Per width: rows projected on the top-d eigenvectors (float64), read against the rows."""
@@ -391,7 +385,7 @@ class _HeadReader:
         rows64 = rows.double()
         projected = {d: (rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(dtype) for d in set(widths)}
         sums = {d: torch.zeros(3, dtype=torch.float64) for d in projected}
-        for chunk in token_chunks(rows.shape[0], self.weight.shape[0]):
+        for chunk in token_chunks(rows.shape[0], self.head.vocab):
             dense = self.logits(rows[chunk])  # (c, V)
             reference = DistributionReference.of(dense)
             labels = self.labels[chunk]
@@ -408,6 +402,3 @@ class _HeadReader:
             LensReading(width=d, kl=float(s[0] / n), kl_taylor=float(s[1] / n), nll_increase=float(s[2] / n))
             for d, s in ((d, sums[d]) for d in widths)
         ]
-
-    def release(self) -> None:
-        self.norm.to(self.home)

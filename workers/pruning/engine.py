@@ -215,13 +215,16 @@ class MethodEngine:
     refusal: Callable[[PreTrainedModel], str | None] | None = None
 
 
-def _magnitude(run: _Run, report: PruningReport) -> None:
-    assert run.pattern is not None
-    for _, block in walk_blocks(
-        run.blocks, compute=run.compute, home=run.home, progress=run.progress, should_stop=run.should_stop
-    ):
-        for _, module in block_linears(run.adapter, block):
-            prune_linear_by_magnitude(module, run.sparsity, run.pattern)
+def _magnitude_by(per_row: bool) -> Callable[[_Run, PruningReport], None]:
+    def prune(run: _Run, report: PruningReport) -> None:
+        assert run.pattern is not None
+        for _, block in walk_blocks(
+            run.blocks, compute=run.compute, home=run.home, progress=run.progress, should_stop=run.should_stop
+        ):
+            for _, module in block_linears(run.adapter, block):
+                prune_linear_by_magnitude(module, run.sparsity, run.pattern, per_row=per_row)
+
+    return prune
 
 
 def _wanda(run: _Run, report: PruningReport) -> None:
@@ -296,7 +299,8 @@ def _shortgpt(run: _Run, report: PruningReport) -> None:
 
 
 ENGINES: dict[str, MethodEngine] = {
-    "magnitude": MethodEngine(_magnitude),
+    "magnitude": MethodEngine(_magnitude_by(per_row=False)),
+    "magnitude-row": MethodEngine(_magnitude_by(per_row=True)),
     "wanda": MethodEngine(_wanda),
     "sparsegpt": MethodEngine(_sparsegpt),
     "attention-drop": MethodEngine(_branch_drop("attention")),

@@ -2,7 +2,8 @@
 
 Patterns:
 - "unstructured": in each output row, exactly floor(sparsity * in) weights with the lowest scores
-  (per-row comparison groups, as in the Wanda paper; magnitude uses the same groups);
+  (per-row comparison groups, as in the Wanda paper; `magnitude-row` uses the same groups), or with
+  `layer_mask` floor(sparsity * out * in) across the whole layer (the classic `magnitude`);
 - "N:M" ("2:4", "4:8"): in each output row, N of every M consecutive input columns, so the
   sparsity is exactly N / M (the layout sparse tensor cores accelerate).
 
@@ -44,6 +45,16 @@ def unstructured_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
         lowest = torch.topk(scores, pruned, dim=1, largest=False).indices  # (out, pruned)
         mask.scatter_(1, lowest, True)
     return mask
+
+
+def layer_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """True where a weight is pruned: the floor(sparsity * out * in) lowest scores of the whole
+    layer, one threshold for all its rows (the magnitude baseline of the Wanda and SparseGPT papers)."""
+    pruned = math.floor(sparsity * scores.numel() + 1e-9)
+    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)  # (out * in,)
+    if pruned > 0:
+        mask[torch.topk(scores.flatten(), pruned, largest=False).indices] = True
+    return mask.reshape(scores.shape)
 
 
 def n_m_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:

@@ -137,6 +137,21 @@ def test_record_means_weight_prompts_by_tokens() -> None:
     assert agree.step == 3 and agree.value == pytest.approx(0.5) and agree.estimate is None
 
 
+def test_records_keep_the_spread_over_every_token_of_every_prompt() -> None:
+    sums = RecordSums("counterfactual")
+    sums.add("probs", "kl", torch.tensor([1.0, 2.0, 3.0]), layer=2)
+    sums.add("probs", "kl", torch.tensor([[5.0]]), layer=2)  # shapes are flattened
+    sums.add("probs", "kl", torch.tensor([7.0]), layer=3)  # a single token: no stderr
+    two_layers = sums.records()
+    point = two_layers[0]
+    values = [1.0, 2.0, 3.0, 5.0]
+    mean = sum(values) / 4
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 3)
+    assert point.n == 4 and point.value == pytest.approx(mean)
+    assert point.stderr == pytest.approx(sd / 2) and (point.value_min, point.value_max) == (1.0, 5.0)
+    assert two_layers[1].n == 1 and two_layers[1].stderr is None and two_layers[1].value_max == 7.0
+
+
 def test_kl_alone_equals_the_kl_of_all_probability_deviations() -> None:
     generator = torch.Generator().manual_seed(5)
     z = torch.randn(6, 40, generator=generator)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 
 from tests.tiny_models import build_byte_tokenizer
@@ -26,6 +23,7 @@ from workers.probing import (
     counterfactual_probe,
     generation_probe,
     mc_subspace_probe,
+    mc_subspace_records,
     model_probe,
     option_token_ids,
 )
@@ -76,17 +74,6 @@ def test_model_probe_of_identical_models_is_zero_and_narrow_models_skip_embeddin
     assert {r.space for r in narrow} == {"logits", "probs"}
 
 
-class _FixedLogits(nn.Module):
-    """A stand-in causal LM whose next-token scores are fixed: log of the given probabilities."""
-
-    def __init__(self, probabilities: list[float]) -> None:
-        super().__init__()
-        self.scores = nn.Parameter(torch.tensor(probabilities).log(), requires_grad=False)
-
-    def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
-        return SimpleNamespace(logits=self.scores.expand(*input_ids.shape, -1))
-
-
 class _WordTokenizer:
     """Five words: <s>=0, A=1, B=2, C=3, the=4; one token per word, <s> first when asked."""
 
@@ -104,7 +91,17 @@ def test_mc_subspace_probe_on_a_hand_checkable_case() -> None:
         ProbePrompt("Question: pick one A B C Answer:", ("A", "B", "C")),
         ProbePrompt("no options here"),  # ignored
     ]
-    records = mc_subspace_probe(_FixedLogits(p), _FixedLogits(q), _WordTokenizer(), prompts)
+    tokenizer = _WordTokenizer()
+    scored = [
+        (
+            torch.tensor(p).log()[None],
+            torch.tensor(q).log()[None],
+            option_token_ids(tokenizer, prompt.options),
+        )
+        for prompt in prompts
+        if prompt.options  # what mc_subspace_probe scores: the prompts with options
+    ]
+    records = mc_subspace_records(scored)
     points = {(r.space, r.metric): r for r in records}
     assert set(points) == {(s, m) for s in ("probs", "options") for m in ("kl", "argmax_agree")}
     assert all(r.probe == "mc-subspace" and r.layer is None and r.step is None for r in records)

@@ -19,7 +19,12 @@ from workers.slicing.adapters import match_structure
 @pytest.mark.parametrize(
     ("method", "sparsity", "pattern", "message"),
     [
-        ("wnada", 0.5, "unstructured", "unknown pruning method 'wnada'; use one of: magnitude, wanda"),
+        (
+            "wnada",
+            0.5,
+            "unstructured",
+            "unknown pruning method 'wnada'; use one of: magnitude, magnitude-row, wanda",
+        ),
         ("wanda", 0.5, "3:4", "unknown sparsity pattern '3:4'; use one of: unstructured, 2:4, 4:8"),
         ("shortgpt", 0.5, "2:4", "drops whole layers and takes no sparsity pattern.*leave pattern unset"),
         ("wanda", 0.6, "2:4", "pattern 2:4 zeroes exactly 0.5 of the weights; pass sparsity=0.5"),
@@ -34,7 +39,9 @@ def test_bad_arguments_raise_value_errors_that_say_the_fix(
 ) -> None:
     model = build("llama")
     if message is None:
-        with pytest.raises(ValueError, match=r"needs calibration_ids.*only 'magnitude' runs without data"):
+        with pytest.raises(
+            ValueError, match=r"needs calibration_ids.*only 'magnitude', 'magnitude-row' run without data"
+        ):
             prune_model(model, method, sparsity, pattern=pattern)
         return
     with pytest.raises(ValueError, match=message):
@@ -54,15 +61,19 @@ def test_bad_calibration_raises_value_errors() -> None:
 def test_magnitude_needs_no_calibration_and_counts_removed_weights_by_hand() -> None:
     model = build("llama")  # D 64, q/o 64x64, k/v 32x64, gate/up 128x64, down 64x128; 2 blocks
     dense = count_parameters(model)
+    by_row = build("llama")
     report = prune_model(model, "magnitude", 0.3)
-    per_row_64, per_row_128 = math.floor(0.3 * 64), math.floor(0.3 * 128)  # 19, 38
-    zeroed_per_block = (64 + 32 + 32 + 64 + 128 + 128) * per_row_64 + 64 * per_row_128
-    prunable_per_block = 2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64
-    assert report.params_before == dense
-    assert report.params_after == dense - 2 * zeroed_per_block
-    assert report.achieved_sparsity == pytest.approx(zeroed_per_block / prunable_per_block)
-    assert report.dropped_layers == [] and report.scores == [] and report.layer_map == [0, 1]
-    assert report.calibration_tokens == 0
+    row_report = prune_model(by_row, "magnitude-row", 0.3)
+    prunable = {(64, 64): 2, (32, 64): 2, (128, 64): 2, (64, 128): 1}  # (out, in) -> linears per block
+    per_layer = sum(count * math.floor(0.3 * out * inp + 1e-9) for (out, inp), count in prunable.items())
+    per_row = sum(count * out * math.floor(0.3 * inp) for (out, inp), count in prunable.items())  # 19 or 38
+    prunable_per_block = sum(count * out * inp for (out, inp), count in prunable.items())
+    for pruned, zeroed_per_block in ((report, per_layer), (row_report, per_row)):
+        assert pruned.params_before == dense
+        assert pruned.params_after == dense - 2 * zeroed_per_block
+        assert pruned.achieved_sparsity == pytest.approx(zeroed_per_block / prunable_per_block)
+        assert pruned.dropped_layers == [] and pruned.scores == [] and pruned.layer_map == [0, 1]
+        assert pruned.calibration_tokens == 0
 
 
 @pytest.mark.parametrize("method", ["magnitude", "wanda", "sparsegpt", "mlp-drop", "shortgpt"])

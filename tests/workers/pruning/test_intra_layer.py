@@ -36,20 +36,40 @@ def test_n_m_patterns_zero_exactly_n_of_every_m_inputs_in_every_row(
 
 
 @pytest.mark.parametrize("case", ["llama", "gpt2"])
-@pytest.mark.parametrize("method", INTRA)
+@pytest.mark.parametrize("method", [*INTRA, "magnitude-row"])
 def test_unstructured_zeroes_floor_of_sparsity_of_every_row_or_layer(case: str, method: str) -> None:
-    """Wanda and magnitude compare within a row; SparseGPT within a block of columns (as the
-    reference), so only its layer total is fixed: floor(s * in) per row on average, exactly."""
+    """Wanda and magnitude-row compare within a row; SparseGPT within a block of columns (as the
+    reference), so only its layer total is fixed: floor(s * in) per row on average, exactly;
+    magnitude across the whole layer: floor(s * out * in) in all, rows uneven."""
     model = build(case)
     prune_model(model, method, 0.3, calibration_ids=calibration())
     for name, weight in weights_by_name(model).items():
         expected = math.floor(0.3 * weight.shape[1])
         zeros = (weight == 0).sum(1)
-        if method == "sparsegpt":
+        if method == "magnitude":
+            assert int(zeros.sum()) == math.floor(0.3 * weight.numel() + 1e-9), name
+            assert zeros.min() < zeros.max(), name  # one threshold for the layer: rows differ
+        elif method == "sparsegpt":
             assert int(zeros.sum()) == expected * weight.shape[0], name
             assert zeros.min() < zeros.max(), name  # rows differ: the block, not the row, decides
         else:
             assert zeros.tolist() == [expected] * weight.shape[0], name
+
+
+def test_magnitude_prunes_the_smallest_weights_of_the_layer_and_magnitude_row_of_each_row() -> None:
+    weights = torch.tensor([[0.1, 0.2, 5.0, 6.0], [3.0, 4.0, 7.0, 8.0]])  # row 0 holds the small ones
+    layer, by_row = nn.Linear(4, 2, bias=False), nn.Linear(4, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(weights)
+        by_row.weight.copy_(weights)
+    assert prune_linear_by_magnitude(layer, 0.25, "unstructured").tolist() == [
+        [True, True, False, False],
+        [False, False, False, False],
+    ]
+    assert prune_linear_by_magnitude(by_row, 0.25, "unstructured", per_row=True).tolist() == [
+        [True, False, False, False],
+        [True, False, False, False],
+    ]
 
 
 @pytest.mark.parametrize("case", ["llama", "gpt2"])

@@ -1,0 +1,63 @@
+"""The final norm and LM head read in float32, whatever the model's dtype (docs/science.md §3).
+
+Probability-space deviations of a pruned model are often tiny (KL ~1e-5), far below what logits
+rounded to bfloat16 can resolve: a bf16 logit of size ~10 is off by ~0.02, which alone puts a floor
+of ~1e-4 under any KL. So every probe reads the final hidden state (exactly the model's, in its own
+dtype) through a float32 copy of the final norm and through the head's weight cast to float32 a
+slice of the vocabulary at a time, so that a 128k-token vocabulary never needs a whole float32 copy
+of the head (VOCAB_CHUNK rows x D at a time). Logit soft-capping (Gemma-2) is applied as the model
+applies it. A test checks that in float32 this equals the model's own logits, and that in bf16 it
+removes the floor.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from workers.slicing.adapters import FamilyAdapter
+
+VOCAB_CHUNK = 16_384  # head rows cast to float32 at once: 16k x 4096 x 4 B = 256 MB at most
+
+
+class Float32Head:
+    """hidden (n, D) in any dtype -> logits (n, V) float32, on the head's device."""
+
+    def __init__(self, adapter: FamilyAdapter, model: nn.Module, device: torch.device | None = None) -> None:
+        head = adapter.lm_head(model)
+        self.device = head.weight.device if device is None else device
+        self.norm = _without_hooks(copy.deepcopy(adapter.final_norm(model))).to(
+            device=self.device, dtype=torch.float32
+        )
+        self.weight = head.weight.detach()  # (V, D), left in the model's dtype and place
+        self.bias = None if head.bias is None else head.bias.detach()
+        config = getattr(model, "config", None)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    @property
+    def vocab(self) -> int:
+        return int(self.weight.shape[0])
+
+    @torch.no_grad()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = self.norm(hidden.to(device=self.device, dtype=torch.float32))  # (n, D)
+        logits = torch.empty((normed.shape[0], self.vocab), dtype=torch.float32, device=self.device)
+        for start in range(0, self.vocab, VOCAB_CHUNK):
+            rows = slice(start, min(start + VOCAB_CHUNK, self.vocab))
+            weight = self.weight[rows].to(device=self.device, dtype=torch.float32)  # (c, D)
+            bias = None if self.bias is None else self.bias[rows].to(device=self.device, dtype=torch.float32)
+            logits[:, rows] = nn.functional.linear(normed, weight, bias)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _without_hooks(module: nn.Module) -> nn.Module:
+    """A copied module keeps the hooks of the original (a probe's capture hook on the final norm):
+    the copy must not fire them."""
+    for part in module.modules():
+        part._forward_hooks.clear()
+        part._forward_pre_hooks.clear()
+    return module
