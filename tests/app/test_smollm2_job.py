@@ -45,16 +45,11 @@ def test_probe_of_smollm2_with_attention_drop_tracks_kl_with_its_taylor_estimate
         "method": "attention-drop",
         "sparsity": 8 / 30,
         "calibration": {"num_sequences": 8, "seqlen": 256},
-        "prompts": [
-            {
-                "text": "Question: Which gas do plants take in? A. oxygen B. carbon dioxide C. helium "
-                "D. neon\nAnswer:",
-                "options": ["A", "B", "C", "D"],
-            },
-            {"text": "The river flowed past the old mill and into the town, where"},
-        ],
+        # the 12 built-in prompts: two prompts were too few tokens for a stable correlation once the
+        # attention is measured at its own sublayer output (0.76 on 2 prompts, 0.96 on these 12)
+        "prompts": None,
         "sublayers": ["attention"],
-        "generation": {"max_new_tokens": 4},
+        "generation": None,
     }
     job = api.post("/v1/jobs", json=body).json()
     done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 900}).json()
