@@ -433,6 +433,11 @@ def _score_shared_batch(
     )
 
 
+def last_logits_only(model: torch.nn.Module) -> dict[str, Any]:
+    """Forward arguments that keep only the last position's logits, where the model supports it."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
 def cache_argument(model: torch.nn.Module) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; use whichever the model takes."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -12,14 +12,13 @@ step: the reference the cached path must equal token for token.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workers.accuracy import cache_argument
+from workers.accuracy import cache_argument, last_logits_only
 from workers.evaluate import EvaluationStopped
 
 STOPPED_BY = ("stop-sequence", "end-of-sequence", "token-limit")
@@ -119,7 +118,7 @@ def _generate_batch(
     pad_id = next(iter(eos_ids), 0)
     ids, mask = left_pad(prompts, pad_id)  # (B, T), (B, T)
     ids, mask = ids.to(device), mask.to(device)
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    keep = last_logits_only(model)
     cache_name = cache_argument(model)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished: dict[int, Generation] = {}
@@ -156,7 +155,8 @@ def _generate_batch(
         mask = torch.cat([mask[chosen], torch.ones_like(new)], dim=1)  # (B', T + step + 1)
         live = [live[batch_row] for batch_row in keep_rows]
         if use_cache:
-            cache = getattr(output, "cache", None) or output.past_key_values
+            cache = getattr(output, "cache", None)
+            cache = output.past_key_values if cache is None else cache
             if len(keep_rows) < len(next_tokens):
                 cache.reorder_cache(chosen)  # done rows leave the batch
             step_positions = positions[chosen, -1:] + 1  # (B', 1)

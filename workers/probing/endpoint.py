@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from workers.accuracy import last_logits_only
 from workers.probing.common import (
     capture_final_hidden,
     family_adapters,
@@ -57,9 +57,8 @@ def model_probe(
 def final_hidden(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """(T, D): the final norm's input at every position of one prompt (the model's dtype), from a
     forward that asks the model for no more logits than it must compute."""
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with capture_final_hidden(adapter, model) as found:
-        model(input_ids=ids[None].to(model_device(model)), use_cache=False, **keep)
+        model(input_ids=ids[None].to(model_device(model)), use_cache=False, **last_logits_only(model))
     return found["final"][0]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.accuracy import cache_argument
+from workers.accuracy import cache_argument, last_logits_only
 from workers.probing.common import capture_last_positions, family_adapters, model_device, residual_mismatch
 from workers.probing.counterfactual import check_layer_map
 from workers.probing.deviation import probability_deviations, vector_deviations
@@ -73,6 +73,7 @@ class Runner:
         self._found = stack.enter_context(capture_last_positions(adapter, model, blocks=hidden))
         self._head = Float32Head(adapter, model)
         self._cache_name = cache_argument(model)
+        self._keep = last_logits_only(model)  # the logits are read from the final hidden state
         self._cache: Any = None
 
     def _state(self, output: Any) -> StepState:
@@ -86,12 +87,14 @@ class Runner:
 
     def start(self, prompt: torch.Tensor) -> StepState:
         """Run the prompt (T,); the state predicts the first new token."""
-        return self._state(self.model(input_ids=prompt[None].to(self.device), use_cache=True))
+        return self._state(self.model(input_ids=prompt[None].to(self.device), use_cache=True, **self._keep))
 
     def feed(self, token: int) -> StepState:
         """Append one token through the cache; the state predicts the next."""
         ids = torch.tensor([[token]], device=self.device)
-        return self._state(self.model(input_ids=ids, use_cache=True, **{self._cache_name: self._cache}))
+        return self._state(
+            self.model(input_ids=ids, use_cache=True, **{self._cache_name: self._cache}, **self._keep)
+        )
 
 
 @torch.no_grad()
