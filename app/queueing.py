@@ -15,15 +15,13 @@ from typing import Protocol
 
 import structlog
 
-from core.entrypoints import EMBEDDED_JOB_FUNCTION, JOB_FUNCTION, resolve
+from core.entrypoints import EMBEDDED_JOB_FUNCTION, resolve
+from core.rq_transport import enqueue_on
 from core.settings import Settings
 from core.store import Store
 from core.tables import utcnow
 
 log = structlog.get_logger(__name__)
-
-# RQ keeps its own record of a finished job only briefly: the store has the real one.
-RQ_RESULT_TTL_S = 3600
 
 
 class QueueUnavailable(RuntimeError):
@@ -65,15 +63,7 @@ class RQQueue:
         from redis.exceptions import RedisError
 
         try:
-            self.queue.enqueue(
-                JOB_FUNCTION,
-                job_id,
-                job_id=job_id,
-                job_timeout=-1,  # jobs may run for hours; liveness is our heartbeat's business
-                result_ttl=RQ_RESULT_TTL_S,
-                failure_ttl=RQ_RESULT_TTL_S,
-                description=f"prunecast job {job_id}",
-            )
+            enqueue_on(self.queue, job_id)
         except RedisError as error:
             raise QueueUnavailable(f"redis: {error}") from error
 

@@ -143,6 +143,11 @@ def refusal_reason(config: Mapping[str, Any]) -> str | None:
     return family_config_refusal(family, config)
 
 
+def post_norm_refusal(config: Mapping[str, Any]) -> str:
+    """Why SliceGPT refuses a model whose blocks normalise each branch's output (Gemma-2/3, OLMo-2)."""
+    return unsupported_message(config, _POST_NORM_REASON)
+
+
 def known_refusal(config: Mapping[str, Any]) -> str | None:
     """The reason for a family we know and refuse on purpose (by `model_type`), else None."""
     model_type = config.get("model_type")

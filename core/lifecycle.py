@@ -38,6 +38,8 @@ deletion here ever removes a row another job refers to. docs/architecture.md dra
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -72,6 +74,11 @@ def _changed(session: Session, statement: Any) -> bool:
 # ----------------------------------------------------------------------------- queued -> ...
 
 
+def request_digest(body: dict[str, Any]) -> str:
+    """SHA-256 of a job request's canonical JSON (what an idempotent resubmission must repeat)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def submit(
     session: Session,
     *,
@@ -80,9 +87,11 @@ def submit(
     model_id: str,
     request_hash: str,
     idempotency_key: str | None = None,
+    parent_id: str | None = None,
 ) -> Job:
     """A new `queued` job row (flushed, so it has its id); the caller's transaction commits it
-    before anything is enqueued, so the queue never holds an id the store lacks."""
+    before anything is enqueued, so the queue never holds an id the store lacks. `parent_id`
+    names the job that created it (a fanned-out sweep's children): canceling the parent cancels it."""
     job = Job(
         kind=kind,
         request=request,
@@ -90,6 +99,7 @@ def submit(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         status=JobStatus.queued,
+        parent_id=parent_id,
     )
     session.add(job)
     session.flush()
@@ -144,8 +154,25 @@ class CancelRequest:
 
 def request_cancel(session: Session, job_id: str, now: datetime | None = None) -> CancelRequest:
     """A user's cancel: queued -> canceled at once (with anything an earlier attempt stored), or,
-    for a running job, the flag its worker sees at its next safe point."""
+    for a running job, the flag its worker sees at its next safe point. The job's children that
+    are not final are canceled the same way, in the same transaction; their removed artifact
+    paths are returned with the job's."""
     now = now or utcnow()
+    request = _cancel_one(session, job_id, now)
+    removed = list(request.removed)
+    for child in session.scalars(
+        select(Job.id).where(Job.parent_id == job_id, Job.status.in_((JobStatus.queued, JobStatus.running)))
+    ).all():
+        removed += _cancel_one(session, child, now).removed
+    return CancelRequest(request.outcome, removed)
+
+
+def children_of(session: Session, job_id: str) -> Sequence[Job]:
+    """The jobs `job_id` created, oldest first."""
+    return session.scalars(select(Job).where(Job.parent_id == job_id).order_by(Job.created_at, Job.id)).all()
+
+
+def _cancel_one(session: Session, job_id: str, now: datetime) -> CancelRequest:
     if _changed(
         session,
         update(Job)

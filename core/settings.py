@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     model_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     # Converted packaged models and other reusable downloads; default `home`/cache.
     cache_dir: Path | None = None
+    # Bytes a job may put on its device; unset -> a CUDA device's free memory (none on a CPU). A model
+    # over 80 % of it runs offloaded (blocks streamed through the device); setting it on a CPU host
+    # rehearses that path.
+    device_memory_bytes: int | None = Field(default=None, gt=0)
     # Pruned models written by jobs; default `home`/artifacts. Shared volume in production.
     artifact_dir: Path | None = None
     # Bearer tokens accepted by /v1 (comma-separated); empty -> no authentication.

@@ -123,6 +123,10 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True, default=None)
     request_hash: Mapped[str] = mapped_column(String(64))
     environment: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The job that created this one (a fanned-out sweep's per-sparsity prune jobs name their sweep).
+    # No foreign key: adding one on SQLite would need a batch copy of `jobs` (see migration 0007),
+    # and jobs are never deleted, so the reference cannot dangle.
+    parent_id: Mapped[str | None] = mapped_column(String(36), index=True, default=None)
 
 
 class Result(Base):

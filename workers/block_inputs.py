@@ -1,25 +1,35 @@
-"""What block 0 of a decoder receives, for engines that calibrate block by block.
+"""What each decoder block receives, for engines that calibrate block by block.
 
 SliceGPT, Wanda, SparseGPT, layer drop and ShortGPT all walk the decoder one block at a time on
 calibration data. Running the whole model for every block would cost L full passes; instead each
-batch runs through the embeddings only, and what block 0 would receive (hidden states plus every
+batch runs through the embeddings only, and what the blocks would receive (hidden states plus every
 other call argument: masks, position embeddings, cache flags) is kept. Each engine then calls
 block i on those inputs and keeps block i's outputs as block i+1's inputs.
+
+Models whose layers differ in attention type (`config.layer_types`: Gemma-2/3's sliding and full
+layers, Qwen2 with sliding layers) give each type its own mask and rotary tables. The capture keeps
+one call per layer type, taken at the first block of that type, and `BlockBatch.call(i)` hands
+block i its own type's. To get there without running any block, every block's forward is replaced
+for the capture by one that records its arguments and passes the hidden states through unchanged:
+the decoder computes each type's masks and tables before its loop, so what reaches block i is what
+block i would have been called with, the hidden states aside (those come from block 0's call).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from core.families import UnsupportedArchitectureError
-
 if TYPE_CHECKING:  # the adapters import torch-heavy slicing modules; only their type is needed here
     from workers.slicing.adapters import FamilyAdapter
+
+BlockCall = tuple[tuple[Any, ...], dict[str, Any]]  # a block's other positional and keyword arguments
 
 
 @dataclass
@@ -28,12 +38,16 @@ class BlockBatch:
 
     hidden: torch.Tensor  # (B, T, width), model dtype, on the model's home device
     keep: torch.Tensor  # (B, T) bool, False at padded positions
-    args: tuple[Any, ...]  # the block call's other positional arguments (on the home device)
-    kwargs: dict[str, Any]  # the block call's keyword arguments: masks, positions, cache flags
+    calls: list[BlockCall]  # one per distinct layer type (one for uniform models), on the home device
+    call_of_block: tuple[int, ...] = field(default_factory=tuple)  # block index -> calls entry; () all 0
+
+    def call(self, index: int) -> BlockCall:
+        """Block `index`'s arguments besides the hidden states: its layer type's masks and tables."""
+        return self.calls[self.call_of_block[index] if self.call_of_block else 0]
 
 
-class _ReachedBlockZero(Exception):
-    """Raised by the capture hook so the forward pass stops at block 0."""
+class _Captured(Exception):
+    """Raised by the recording forward once every layer type's call is kept: the pass stops there."""
 
 
 def move_to(value: Any, device: torch.device) -> Any:
@@ -52,21 +66,62 @@ def home_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def mixed_layer_types(model: PreTrainedModel) -> str | None:
-    """Why block 0's call arguments cannot serve every block, or None.
-
-    Models whose layers differ in attention type (`config.layer_types`: Gemma-2/3's sliding and full
-    layers, Qwen2 with sliding layers) give each type its own mask and rotary tables; replaying
-    block 0's would calibrate the other layers on the wrong attention, silently.
-    """
+def layer_type_groups(model: PreTrainedModel, num_blocks: int) -> tuple[int, ...]:
+    """Block index -> index of its layer type among the distinct types (in order of first use);
+    () when every block has the same type (one call serves all)."""
     layer_types = getattr(model.config, "layer_types", None)
     if not isinstance(layer_types, list | tuple) or len(set(layer_types)) <= 1:
-        return None
-    return (
-        f"its layers mix attention types ({', '.join(sorted(set(map(str, layer_types))))} in "
-        "config.layer_types); block-by-block calibration replays one layer's masks and rotary tables "
-        "for all layers, so models with mixed layer types are not supported by it yet"
-    )
+        return ()
+    if len(layer_types) < num_blocks:
+        raise ValueError(
+            f"config.layer_types lists {len(layer_types)} types for {num_blocks} blocks; it must name "
+            "one attention type per block"
+        )
+    order: dict[Any, int] = {}
+    return tuple(order.setdefault(kind, len(order)) for kind in layer_types[:num_blocks])
+
+
+class _Recording:
+    """For one batch: block 0's hidden states and each layer type's call, filled by the recording
+    forwards that replace the blocks' own while the batch runs (`recording`)."""
+
+    def __init__(self, wanted: dict[int, int]) -> None:
+        self.wanted = wanted  # the first block of each layer type -> its call's index
+        self.last = max(wanted)
+        self.hidden: torch.Tensor | None = None
+        self.calls: list[BlockCall | None] = [None] * len(wanted)
+
+    def forward_for(self, index: int) -> Any:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            rest = dict(kwargs)
+            hidden = args[0] if args else rest.pop("hidden_states")
+            if index == 0:
+                self.hidden = hidden
+            if index in self.wanted:
+                self.calls[self.wanted[index]] = (tuple(args[1:]), rest)
+                if index == self.last:
+                    raise _Captured
+            return hidden
+
+        return forward
+
+    @contextmanager
+    def recording(self, blocks: nn.ModuleList) -> Iterator[None]:
+        """Every block's forward replaced by its recording one (an instance attribute shadows the
+        class's forward; hooks and attributes stay), restored on exit."""
+        for index, block in enumerate(blocks):
+            block.forward = self.forward_for(index)
+        try:
+            yield
+        finally:
+            for block in blocks:
+                del block.forward
+
+    def complete(self) -> tuple[torch.Tensor, list[BlockCall]]:
+        calls = [call for call in self.calls if call is not None]
+        if self.hidden is None or len(calls) != len(self.calls):
+            raise RuntimeError("the forward pass skipped a block the capture waited for")
+        return self.hidden, calls
 
 
 @torch.no_grad()
@@ -79,48 +134,43 @@ def capture_block_inputs(
     compute: torch.device,
     home: torch.device,
 ) -> list[BlockBatch]:
-    """Run each batch through the embeddings only; keep what block 0 would have received.
+    """Run each batch through the embeddings only; keep what the blocks would have received.
 
     `input_ids` and `keep` are (N, T); batches of `batch_size` rows run on `compute` and what they
-    give block 0 is stored on `home`.
+    give the blocks is stored on `home`.
     """
-    refusal = mixed_layer_types(model)
-    if refusal is not None:
-        raise UnsupportedArchitectureError(refusal)
     decoder = adapter.decoder(model)
     blocks = adapter.blocks(model)
+    groups = layer_type_groups(model, len(blocks))
+    wanted: dict[int, int] = {}  # the first block of each layer type -> its call's index
+    for index, group in enumerate(groups or (0,)):
+        if group not in wanted.values():
+            wanted[index] = group
     # Everything the decoder owns before the blocks (embeddings, rotary tables...) goes to the
     # compute device; the blocks and the head stay home.
     front = [child for child in decoder.children() if child is not blocks]
     for module in front:
         module.to(compute)
-    captured: dict[str, Any] = {}
-
-    def stop_at_block_zero(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        captured["args"], captured["kwargs"] = args, dict(kwargs)
-        raise _ReachedBlockZero
-
-    handle = blocks[0].register_forward_pre_hook(stop_at_block_zero, with_kwargs=True)
     batches = []
     try:
         for start in range(0, input_ids.shape[0], batch_size):
             ids = input_ids[start : start + batch_size].to(compute)  # (B, T)
             mask = keep[start : start + batch_size]  # (B, T)
+            recording = _Recording(wanted)
             try:
-                model(
-                    input_ids=ids, attention_mask=mask.to(device=compute, dtype=torch.long), use_cache=False
-                )
-            except _ReachedBlockZero:
+                with recording.recording(blocks):
+                    model(
+                        input_ids=ids,
+                        attention_mask=mask.to(device=compute, dtype=torch.long),
+                        use_cache=False,
+                    )
+            except _Captured:
                 pass
             else:
-                raise RuntimeError("the forward pass never reached block 0")
-            args, kwargs = captured["args"], captured["kwargs"]
-            hidden = args[0] if args else kwargs.pop("hidden_states")
-            batches.append(
-                BlockBatch(hidden.to(home), mask.to(home), move_to(args[1:], home), move_to(kwargs, home))
-            )
+                raise RuntimeError("the forward pass never reached every layer type's first block")
+            hidden, calls = recording.complete()
+            batches.append(BlockBatch(hidden.to(home), mask.to(home), move_to(calls, home), groups))
     finally:
-        handle.remove()
         for module in front:
             module.to(home)
     return batches

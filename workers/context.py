@@ -54,6 +54,7 @@ class JobContext:
         self.store = store
         self.settings = settings
         self.job_id = job.id
+        self.parent_id = job.parent_id  # the job that created this one (a fanned-out sweep), if any
         self.kind = job.kind
         self.request: dict[str, Any] = dict(job.request)
         self.attempt = attempt.number
@@ -130,6 +131,12 @@ class JobContext:
     def cancel_seen(self) -> bool:
         return self._cancel_seen
 
+    def check_in(self) -> None:
+        """Beat now (reading a cancel request at once, not at the next heartbeat) and raise
+        JobStopped if this job must stop: for a job that waits on others."""
+        self._beat_once()
+        self.check_stop()
+
     def should_stop(self) -> bool:
         return self._cancel_seen or self._superseded
 
@@ -203,6 +210,33 @@ class JobContext:
         paths = [artifact.path for artifact in artifacts]
         rewritten = delete(Artifact).where(Artifact.job_id == self.job_id, Artifact.path.in_(paths))
         self._add_rows(artifacts, "artifacts", replacing=rewritten)
+
+    def add_children(self, kind: str, requests: Sequence[dict[str, Any]], model_id: str) -> list[str]:
+        """Create one queued job of `kind` per request, children of this job (canceling this job
+        cancels them), in one transaction that checks this attempt still owns the job and no
+        cancel was asked; returns their ids. The caller enqueues them (the reconciler would)."""
+
+        def create(session: Session) -> list[str]:
+            lifecycle.lock_for_output(session, self._attempt)
+            children = [
+                lifecycle.submit(
+                    session,
+                    kind=kind,
+                    request=request,
+                    model_id=model_id,
+                    request_hash=lifecycle.request_digest(request),
+                    parent_id=self.job_id,
+                )
+                for request in requests
+            ]
+            return [child.id for child in children]
+
+        try:
+            return self._must(create, "creating child jobs")
+        except lifecycle.OutputRefused as refused:
+            self._superseded = refused.superseded
+            self._cancel_seen = not refused.superseded
+            raise JobStopped("this attempt may not create jobs any more") from refused
 
     def add_fits(self, fits: Sequence[Fit]) -> None:
         """Record laws fitted to this job's points."""

@@ -30,8 +30,10 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from core.model_sources import ModelSource
+from core.model_sources import ModelSource, assembled_gguf
 from core.settings import Settings
+from workers.offload import MemoryPlan, OffloadError, offload, plan_memory
+from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 from workers.slicing.artifacts import is_per_layer_sliced, load_sliced
 
 DTYPES: dict[str, torch.dtype] = {
@@ -60,6 +62,7 @@ class LoadedModel:
     dtype: torch.dtype
     source_kind: str  # "packaged" | "local" | "hf_cache"
     path: Path  # the folder the weights were read from (the converted cache for packaged models)
+    memory_plan: MemoryPlan  # resident on `device`, or offloaded (blocks streamed through it)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -83,9 +86,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(
-    source: ModelSource, settings: Settings, *, dtype: str = "float32", device: str = "auto"
+    source: ModelSource,
+    settings: Settings,
+    *,
+    dtype: str = "float32",
+    device: str = "auto",
+    offload: str = "auto",
 ) -> LoadedModel:
-    """Load `source` with its tokenizer, in eval mode on `device`; raise ModelLoadError if it fails."""
+    """Load `source` with its tokenizer, in eval mode on `device` (whole, or offloaded there as
+    `offload` and the device's budget decide: workers.offload); raise ModelLoadError if it fails."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     revision = source.revision
@@ -97,8 +106,8 @@ def load_model(
     model = _load_causal_lm(folder, source.model_id, torch_dtype)
     tokenizer = _load_tokenizer(folder, source.model_id)
     model.eval()
-    as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
-    as_module.to(torch_device)
+    plan = memory_plan(model, torch_device, offload, settings.device_memory_bytes)
+    place(model, torch_device, plan)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -108,7 +117,30 @@ def load_model(
         dtype=torch_dtype,
         source_kind=source.kind,
         path=folder,
+        memory_plan=plan,
     )
+
+
+def memory_plan(
+    model: torch.nn.Module, device: torch.device, mode: str, configured: int | None
+) -> MemoryPlan:
+    """Whether `model` (on the CPU) runs whole on `device` or offloaded; ModelLoadError if neither."""
+    try:
+        blocks = match_structure(model).blocks(model)
+    except UnsupportedArchitectureError:
+        blocks = torch.nn.ModuleList()  # nothing to stream: the plan counts it all as resident
+    try:
+        return plan_memory(model, blocks, device, mode, configured)
+    except OffloadError as error:
+        raise ModelLoadError(str(error)) from error
+
+
+def place(model: torch.nn.Module, device: torch.device, plan: MemoryPlan) -> None:
+    """Put `model` (on the CPU) where `plan` says: whole on `device`, or offloaded to it."""
+    if plan.offloaded:
+        offload(model, match_structure(model).blocks(model), device)
+    else:
+        model.to(device)
 
 
 def refresh_model(loaded: LoadedModel) -> None:
@@ -132,8 +164,7 @@ def load_copy(loaded: LoadedModel) -> LoadedModel:
     tokenizer): for jobs that need the dense model and a pruned one side by side."""
     model = _load_causal_lm(loaded.path, loaded.model_id, loaded.dtype)
     model.eval()
-    as_module: torch.nn.Module = model
-    as_module.to(loaded.device)
+    place(model, loaded.device, loaded.memory_plan)
     return dataclasses.replace(loaded, model=model)
 
 
@@ -151,6 +182,7 @@ def ensure_converted(source: ModelSource, settings: Settings) -> Path:
     """
     if source.gguf_file is None:
         raise ValueError(f"model {source.model_id!r} is not a packaged GGUF model")
+    assembled_gguf(source)  # a GGUF shipped in parts is joined (and its SHA-256 checked) first
     alias_dir = settings.model_cache_dir / source.model_id
     final = alias_dir / conversion_key(source.path)
     if final.is_dir():

@@ -65,6 +65,9 @@ def list_jobs(
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
     kind: Annotated[str | None, Query(max_length=32)] = None,
     model: Annotated[str | None, Query(max_length=512)] = None,
+    parent_id: Annotated[
+        str | None, Query(max_length=36, description="Only the jobs this job created (a fanned-out sweep's).")
+    ] = None,
     cursor: Annotated[
         str | None, Query(max_length=64, description="`next_cursor` of the previous page.")
     ] = None,
@@ -78,6 +81,8 @@ def list_jobs(
         query = query.where(Job.kind == kind)
     if model is not None:
         query = query.where(Job.model_id == model)
+    if parent_id is not None:
+        query = query.where(Job.parent_id == parent_id)
     page, next_cursor = keyset_page(session, query, Job.id, cursor, limit, newest_first=True)
     return JobList(items=[JobPublic.model_validate(job) for job in page], next_cursor=next_cursor)
 
@@ -145,11 +150,15 @@ def job_results(
         Query(description="`json`: the stored results; `lm-eval`: accuracy as lm-evaluation-harness does."),
     ] = "json",
 ) -> ResultList | LmEvalExport:
-    """Every result this job stored, or (`format=lm-eval`) its accuracy in lm-evaluation-harness's
+    """Every result this job stored, with those of the jobs it created (a fanned-out sweep's points,
+    stored by its per-sparsity children), or (`format=lm-eval`) its accuracy in lm-evaluation-harness's
     results format: per task `acc,none`, `acc_stderr,none`, `acc_norm,none`, ..., `alias` (a filtered
     metric under its filter's name: `exact_match,strict-match`)."""
     job = jobs.get_job(session, job_id)
-    rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
+    children = select(Job.id).where(Job.parent_id == job_id)
+    rows = session.scalars(
+        select(Result).where((Result.job_id == job_id) | Result.job_id.in_(children)).order_by(Result.id)
+    ).all()
     if format == "json":
         return ResultList(items=[ResultPublic.model_validate(row) for row in rows])
     if job.kind not in LM_EVAL_KINDS:

@@ -39,6 +39,10 @@ class JobPublic(FromRow):
     finished_at: datetime | None
     heartbeat_at: datetime | None
     environment: dict[str, Any] | None = Field(None, description="Versions and device of the run.")
+    parent_id: str | None = Field(
+        None,
+        description="The job that created this one (a fanned-out sweep, for its per-sparsity prune jobs).",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -6,8 +6,6 @@ state change goes through `core.lifecycle`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +37,6 @@ def get_job(session: Session, job_id: str) -> Job:
     return job
 
 
-def request_hash(body: dict[str, object]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def create_job(services: Services, job: JobCreate, idempotency_key: str | None = None) -> tuple[Job, bool]:
     """Check, store and enqueue a job. Returns the row and whether it replays an earlier submission
     with the same Idempotency-Key (the same key with a different body is a 422).
@@ -57,7 +51,7 @@ def create_job(services: Services, job: JobCreate, idempotency_key: str | None =
         raise ProblemError(422, str(error), slug="invalid-model", title="Model not usable") from error
     check_submission(services, job, source)
     body = job.model_dump(mode="json")
-    digest = request_hash(body)
+    digest = lifecycle.request_digest(body)
     with services.store.session() as session:
         if idempotency_key is not None:
             existing = session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))

@@ -54,6 +54,13 @@ class ModelSpec(StrictModel):
     revision: str | None = Field(None, max_length=128, description="HF revision (HF ids only).")
     dtype: Dtype = Field("auto", description="`auto`: float32 on CPU, bfloat16 on CUDA.")
     device: Device = "auto"
+    offload: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="`auto`: keep the model whole on the device when it takes at most 80 % of the device's "
+        "memory budget (free CUDA memory, or PRUNECAST_DEVICE_MEMORY_BYTES), else keep it in CPU memory and "
+        "stream its blocks through the device one at a time, with the same numbers; `always` / `never` force "
+        "either. The plan is recorded as `memory_plan` in every result's protocol.",
+    )
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for any sampling the job does.")
 
 

@@ -136,6 +136,14 @@ class SweepJobCreate(ModelSpec):
     slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
     layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
     keep_bases: bool = Field(True, description=KEEP_BASES_DESCRIPTION)
+    fan_out: bool = Field(
+        False,
+        description="Measure each sparsity in a child `prune` job of its own (listed with `parent_id` = "
+        "this sweep), so that several workers prune the sparsities at once; this sweep measures the dense "
+        "baseline, takes children itself while any is queued, and fits the laws once every child "
+        "succeeded. Canceling the sweep cancels its children; a retried sweep keeps the finished ones. "
+        "false: one worker measures every sparsity in turn.",
+    )
 
     @field_validator("sparsities")
     @classmethod

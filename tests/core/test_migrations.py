@@ -30,14 +30,15 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0006 added the probe points' spread, 0005 the profile tables, 0004 jobs.progress_at,
-# 0003 probe_points.probe.
+# Revision 0007 added jobs.parent_id, 0006 the probe points' spread, 0005 the profile tables, 0004
+# jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0007 = {**EXPECTED, "jobs": EXPECTED["jobs"] - {"parent_id"}}
 SPREAD = {"n", "stderr", "value_min", "value_max"}
-BEFORE_0006 = {**EXPECTED, "probe_points": EXPECTED["probe_points"] - SPREAD}
+BEFORE_0006 = {**BEFORE_0007, "probe_points": EXPECTED["probe_points"] - SPREAD}
 BEFORE_0005 = {
     name: columns for name, columns in BEFORE_0006.items() if name not in ("profiles", "profile_signals")
 }
-BEFORE_0004 = {**BEFORE_0005, "jobs": EXPECTED["jobs"] - {"progress_at"}}
+BEFORE_0004 = {**BEFORE_0005, "jobs": BEFORE_0007["jobs"] - {"progress_at"}}
 BEFORE_0003 = {**BEFORE_0004, "probe_points": BEFORE_0004["probe_points"] - {"probe"}}
 
 
@@ -239,3 +240,37 @@ def test_spread_migration_keeps_old_points_without_a_spread_and_downgrades_back(
     store.dispose()
     command.downgrade(alembic_config(url), "0005")
     assert _schema(url) == BEFORE_0006
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_parent_migration_keeps_every_job_and_its_results_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0006")
+    assert _schema(url) == BEFORE_0007
+    store = Store(url)
+    _insert_job(store, "job-1", "sweep", status="succeeded")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO results (job_id, model_id, method, sparsity, metric, dataset, protocol, value, "
+                "source, created_at) VALUES ('job-1', 'm', 'dense', 0, 'ppl', 'w', '{}', 1.5, 'measured', "
+                "CURRENT_TIMESTAMP)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        job = session.get(Job, "job-1")
+        assert job is not None and job.parent_id is None
+        assert session.scalar(text("SELECT count(*) FROM results")) == 1
+    store.dispose()
+    command.downgrade(alembic_config(url), "0006")
+    assert _schema(url) == BEFORE_0007
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalar(text("SELECT count(*) FROM results")) == 1  # nothing cascaded away
+    store.dispose()

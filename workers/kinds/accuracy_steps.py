@@ -180,7 +180,13 @@ def accuracy_results(
 
 
 def _dense_rows(
-    session: Session, *, source: ModelSource, loaded: LoadedModel, plan: TaskPlan, own_job_id: str
+    session: Session,
+    *,
+    source: ModelSource,
+    loaded: LoadedModel,
+    plan: TaskPlan,
+    own_job_id: str,
+    parent_job_id: str | None,
 ) -> dict[str, Result | None]:
     """The reusable dense result of each metric of the task (None where there is none)."""
     return {
@@ -193,6 +199,7 @@ def _dense_rows(
             metric=metric,
             match_keys=ACCURACY_MATCH_KEYS,
             own_job_id=own_job_id,
+            parent_job_id=parent_job_id,
         )
         for metric in plan.metrics
     }
@@ -216,7 +223,14 @@ def dense_accuracy(
     found: dict[str, DenseAccuracy] = {}
     for plan in plans:
         rows = context.read(
-            partial(_dense_rows, source=source, loaded=loaded, plan=plan, own_job_id=context.job_id),
+            partial(
+                _dense_rows,
+                source=source,
+                loaded=loaded,
+                plan=plan,
+                own_job_id=context.job_id,
+                parent_job_id=context.parent_id,
+            ),
             f"looking for a dense {plan.name} accuracy to reuse",
         )
         if all(row is not None for row in rows.values()):

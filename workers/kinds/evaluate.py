@@ -22,7 +22,7 @@ def run(context: JobContext) -> None:
     settings = context.settings
     context.report("loading model", 0.02, spec.model)
     source, loaded = load_for_job(context, spec)
-    environment = run_environment(loaded.device)
+    environment = run_environment(loaded.device, loaded.memory_plan)
     context.set_environment(environment)
     # Check the task data before spending time on perplexity.
     plans = plan_tasks(spec.accuracy, loaded) if spec.accuracy is not None else []

@@ -49,7 +49,7 @@ from workers.kinds.prune_steps import (
     lap,
 )
 from workers.kinds.steps import load_for_job, step_reporter
-from workers.loading import LoadedModel, ModelLoadError, load_copy
+from workers.loading import LoadedModel, ModelLoadError, load_copy, place
 from workers.probing import (
     BUILTIN_PROMPTS,
     MEASURING_POINTS,
@@ -108,7 +108,7 @@ def run(context: JobContext) -> None:
     started = time.perf_counter()
     context.report("loading model", 0.0, spec.model)
     source, dense = load_for_job(context, spec)
-    environment = run_environment(dense.device)
+    environment = run_environment(dense.device, dense.memory_plan)
     context.set_environment(environment)
     timings = {"load_s": lap(started)}
     prompts = (
@@ -385,13 +385,15 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     sparsity = float(request.get("sparsity", 0.0))
     origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
     try:
-        reloaded = pruner.load(folder, dense.device)
+        home = torch.device("cpu") if dense.memory_plan.offloaded else dense.device
+        reloaded = pruner.load(folder, home)
     except (OSError, ValueError, KeyError, SafetensorError) as error:  # the weights or the kept bases
         raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
     model, report, layer_map = reloaded.model, reloaded.report, reloaded.layer_map
     check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)
     as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
-    as_module.to(device=dense.device, dtype=dense.dtype).eval()
+    as_module.to(dtype=dense.dtype).eval()
+    place(as_module, dense.device, dense.memory_plan)  # beside the dense model: whole, or offloaded like it
     timings = {"load_pruned_s": lap(started)}
     return PrunedModel(model, method, sparsity, layer_map, report, origin, timings, reloaded.bases)
 

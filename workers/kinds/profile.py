@@ -23,6 +23,7 @@ from workers.context import JobContext, JobFailure
 from workers.environment import run_environment
 from workers.kinds.prune_steps import draw_calibration, lap
 from workers.kinds.steps import load_for_job, step_reporter
+from workers.offload import suspended
 from workers.profiling import ProfileReport, ProfileStopped, profile_model
 
 LOAD_END = 0.05
@@ -34,7 +35,7 @@ def run(context: JobContext) -> None:
     started = time.perf_counter()
     context.report("loading model", 0.0, spec.model)
     source, loaded = load_for_job(context, spec)
-    environment = run_environment(loaded.device)
+    environment = run_environment(loaded.device, loaded.memory_plan)
     context.set_environment(environment)
     timings = {"load_s": lap(started)}
 
@@ -52,20 +53,21 @@ def run(context: JobContext) -> None:
     progress = step_reporter(context, "profiling", CALIBRATION_END, 1.0, "block")
     profile_started = time.perf_counter()
     try:
-        report = profile_model(
-            loaded.model,
-            calibration.input_ids,
-            calibration.attention_mask,
-            spec.sparsities,
-            round_to=spec.round_to,
-            batch_size=spec.calibration.batch_size,
-            lens_tokens=spec.lens_tokens,
-            measured_ids=None if measured is None else measured.input_ids,
-            measured_mask=None if measured is None else measured.attention_mask,
-            device=loaded.device,
-            progress=progress,
-            should_stop=context.should_stop,
-        )
+        with suspended(loaded.model):  # the profile streams blocks itself
+            report = profile_model(
+                loaded.model,
+                calibration.input_ids,
+                calibration.attention_mask,
+                spec.sparsities,
+                round_to=spec.round_to,
+                batch_size=spec.calibration.batch_size,
+                lens_tokens=spec.lens_tokens,
+                measured_ids=None if measured is None else measured.input_ids,
+                measured_mask=None if measured is None else measured.attention_mask,
+                device=loaded.device,
+                progress=progress,
+                should_stop=context.should_stop,
+            )
     except ProfileStopped:
         context.check_stop()
         raise

@@ -61,9 +61,10 @@ def run(context: JobContext) -> None:
     )
     scored = score_pruned_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}
+    tag = None if context.parent_id is None else {"sweep_job_id": context.parent_id}  # a sweep's child
     context.add_results(
-        pruned_results(prepared, spec, outcome, timings=timings)
-        + pruned_accuracy_results(prepared, spec, outcome, scored)
+        pruned_results(prepared, spec, outcome, timings=timings, extra_protocol=tag)
+        + pruned_accuracy_results(prepared, spec, outcome, scored, extra_protocol=tag)
     )
     context.log.info(
         "prune finished",

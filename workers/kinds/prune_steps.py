@@ -51,8 +51,9 @@ from workers.kinds.steps import (
     step_reporter,
 )
 from workers.loading import LoadedModel
+from workers.offload import suspended
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
-from workers.slicing.adapters import UnsupportedArchitectureError
+from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 from workers.task_scoring import ScoredTask
 
 # Results that describe the model rather than a measurement on data carry this dataset name.
@@ -122,7 +123,7 @@ def prepare(
         check_prunable(loaded.model, spec.method)  # refuse before spending time on the dense baseline
     except UnsupportedArchitectureError as error:
         raise JobFailure(str(error)) from error
-    environment = run_environment(loaded.device)
+    environment = run_environment(loaded.device, loaded.memory_plan)
     context.set_environment(environment)
     timings["load_s"] = lap(started)
     plans = plan_tasks(accuracy, loaded) if accuracy is not None else []  # data checked up front
@@ -230,7 +231,8 @@ def apply_method(
             progress=progress,
             should_stop=context.should_stop,
         )
-        return pruner.prune(model, entry, sparsity, run)
+        with suspended(model, blocks_after=lambda pruned: match_structure(pruned).blocks(pruned)):
+            return pruner.prune(model, entry, sparsity, run)  # the engine streams blocks itself
     except pruner.stopped:
         context.check_stop()
         raise
@@ -468,9 +470,10 @@ def save_artifact(
     if folder.exists():
         shutil.rmtree(folder)
     pruner = pruner_for(method)
-    weights = pruner.save(
-        model, report, folder, model_id=model_id, revision=revision, calibration=calibration
-    )
+    with suspended(model):  # an offloaded model is saved from the CPU, whole
+        weights = pruner.save(
+            model, report, folder, model_id=model_id, revision=revision, calibration=calibration
+        )
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     total_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

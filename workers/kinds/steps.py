@@ -51,7 +51,9 @@ def load_for_job(context: JobContext, spec: ModelSpec) -> tuple[ModelSource, Loa
     """Resolve and load the job's model; user-facing problems become JobFailure."""
     try:
         source = resolve_model(spec.model, context.settings, spec.revision)
-        loaded = load_model(source, context.settings, dtype=spec.dtype, device=spec.device)
+        loaded = load_model(
+            source, context.settings, dtype=spec.dtype, device=spec.device, offload=spec.offload
+        )
     except (ModelSourceError, ModelLoadError) as error:
         raise JobFailure(str(error)) from error
     return source, loaded
@@ -125,20 +127,24 @@ def find_dense_baseline(
     metric: str = "ppl",
     match_keys: tuple[str, ...] = BASELINE_MATCH_KEYS,
     own_job_id: str | None = None,
+    parent_job_id: str | None = None,
 ) -> Result | None:
     """The newest measured dense `metric` of this model (and revision) on `dataset` whose protocol
     equals `protocol` on every `match_keys` key, or None. Perplexity matches on BASELINE_MATCH_KEYS;
     accuracy (dataset = the task) on `accuracy_steps.ACCURACY_MATCH_KEYS`.
 
     Only a finished measurement is reused: a row of a succeeded job (or of no job), or of the asking
-    job itself (`own_job_id`, a resumed attempt). A running job's rows may still vanish (canceled,
-    retried), and nothing may point at them (core.lifecycle)."""
+    job itself (`own_job_id`, a resumed attempt), or of its parent (`parent_job_id`: a fanned-out
+    sweep's children share its fate, since canceling the sweep cancels them, and a sweep resumes
+    rather than deleting what it stored). A running job's rows may still vanish (canceled, retried),
+    and nothing else may point at them (core.lifecycle)."""
     wanted = {key: protocol[key] for key in match_keys}
     finished = Result.job_id.is_(None) | Result.job_id.in_(
         select(Job.id).where(Job.status == JobStatus.succeeded)
     )
-    if own_job_id is not None:
-        finished = finished | (Result.job_id == own_job_id)
+    for job_id in (own_job_id, parent_job_id):
+        if job_id is not None:
+            finished = finished | (Result.job_id == job_id)
     query = (
         select(Result)
         .where(
@@ -209,6 +215,7 @@ def dense_baseline(
             data.spec.dataset,
             data.match,
             own_job_id=context.job_id,
+            parent_job_id=context.parent_id,
         ),
         "looking for a dense baseline to reuse",
     )

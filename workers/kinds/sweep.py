@@ -26,6 +26,9 @@ deep copy; numbers there). Each sparsity's results are stored as soon as they ar
 the rows a `prune` job stores (protocol plus `sweep_job_id`), so a canceled sweep keeps what it
 measured (and stores no fit), and a retried attempt resumes: sparsities for which this job already
 stored every requested metric are not measured again (a sparsity's rows are stored in one go).
+
+With `fan_out`, the sparsities are measured by child prune jobs that any worker may take
+(`workers.kinds.sweep_fanout`); the dense baseline and the fitting stay here.
 """
 
 from __future__ import annotations
@@ -56,14 +59,13 @@ from workers.kinds.prune_steps import (
     stored_method,
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
+from workers.kinds.sweep_fanout import RowKey, measure_through_children
 from workers.loading import refresh_model
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 POINTS_END = 0.95
 # Share of one sparsity's progress span that perplexity ends at when accuracy follows.
 ACCURACY_FROM = 0.8
-
-RowKey = tuple[str, str]  # (metric, dataset) of one result row of a sparsity
 
 
 def sparsity_label(sparsity: float, index: int, total: int) -> str:
@@ -74,6 +76,20 @@ def sparsity_label(sparsity: float, index: int, total: int) -> str:
 def run(context: JobContext) -> None:
     spec = SweepJobCreate.model_validate(context.request)
     prepared = prepare(context, spec, SPANS, spec.accuracy)
+    if spec.fan_out:
+        earlier = measure_through_children(
+            context, spec, prepared, start=SPANS.calibration[1], end=POINTS_END
+        )
+    else:
+        earlier = _measure_in_turn(context, spec, prepared)
+    _fit_and_store(context, spec, prepared, earlier)
+
+
+def _measure_in_turn(
+    context: JobContext, spec: SweepJobCreate, prepared: Prepared
+) -> dict[float, dict[RowKey, Result]]:
+    """Every pruned sparsity measured here, one after another, on fresh dense copies; the stored
+    rows per sparsity (those an earlier attempt stored are not measured again)."""
     pruned = spec.pruned_sparsities
     required = _required_rows(prepared)
     stored = _stored_earlier(context, stored_method(spec))
@@ -133,7 +149,14 @@ def run(context: JobContext) -> None:
             param_fraction_removed=outcome.report.param_fraction_removed,
             point_s=timings["point_s"],
         )
+    return earlier
 
+
+def _fit_and_store(
+    context: JobContext, spec: SweepJobCreate, prepared: Prepared, earlier: dict[float, dict[RowKey, Result]]
+) -> None:
+    """The laws on the dense baseline and every sparsity's rows, stored once."""
+    pruned = spec.pruned_sparsities
     context.report(
         "fitting", POINTS_END, "perplexity laws" if spec.accuracy is None else "perplexity and accuracy laws"
     )

@@ -130,13 +130,14 @@ class _BlockCall:
 
     def mid_stream(self, block: nn.Module, adapter: FamilyAdapter) -> torch.Tensor:
         """x + attn(norm(x)) of `block` on this call's input, the attention sublayer's output: what
-        the block's own forward feeds its MLP norm (`mid_stream_norm`), captured by a hook."""
+        the block's own forward feeds its MLP norm (Gemma's pre-feedforward norm, after the attention's
+        output norm), captured by a hook."""
         found: list[torch.Tensor] = []
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             found.append(args[0])
 
-        handle = mid_stream_norm(adapter, block).register_forward_pre_hook(hook)
+        handle = adapter.mlp_norm(block).register_forward_pre_hook(hook)
         try:
             self.run(block)
         finally:
@@ -149,17 +150,6 @@ class _BlockCall:
         x = self.hidden
         out = self.run(block, (x.double() @ basis_in).to(x.dtype))
         return (out.double() @ basis_out.T).to(x.dtype)
-
-
-POST_NORM_MLP_NORM = "pre_feedforward_layernorm"
-"""Post-norm blocks (Gemma-2/3) normalise the attention branch at `post_attention_layernorm` before
-the residual add and read the MLP through this norm: its input is their mid-stream."""
-
-
-def mid_stream_norm(adapter: FamilyAdapter, block: nn.Module) -> nn.Module:
-    """The module whose input is the block's mid-stream x + attn(...)."""
-    norm = getattr(block, POST_NORM_MLP_NORM, None)
-    return norm if isinstance(norm, nn.Module) else adapter.mlp_norm(block)
 
 
 def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor) -> list[_BlockCall]:
@@ -185,7 +175,7 @@ def _capture_blocks(adapter: FamilyAdapter, model: nn.Module, ids: torch.Tensor)
         block.register_forward_hook(hook_for(index), with_kwargs=True) for index, block in enumerate(blocks)
     ]
     handles += [
-        mid_stream_norm(adapter, block).register_forward_pre_hook(mid_hook_for(index))
+        adapter.mlp_norm(block).register_forward_pre_hook(mid_hook_for(index))
         for index, block in enumerate(blocks)
         if not adapter.is_parallel(block)
     ]

@@ -232,10 +232,14 @@ def profile_model(
             raise ProfileStopped(f"stopped before block {index} of {len(blocks)}")
         block_started = time.perf_counter()
         block.to(compute)
-        basis_signals = _run_block(adapter, block, stream.batches, own_lens, full, compute, home, centred)
+        basis_signals = _run_block(
+            adapter, index, block, stream.batches, own_lens, full, compute, home, centred
+        )
         seen_signals = None
         if separate:
-            seen_signals = _run_block(adapter, block, measured.batches, lens, full, compute, home, centred)
+            seen_signals = _run_block(
+                adapter, index, block, measured.batches, lens, full, compute, home, centred
+            )
         finish(_zip(basis_signals, seen_signals), index)
         block.to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
@@ -300,6 +304,7 @@ def _zip(
 
 def _run_block(
     adapter: FamilyAdapter,
+    index: int,
     block: nn.Module,
     batches: list[BlockBatch],
     lens: _LensRows | None,
@@ -314,7 +319,7 @@ def _run_block(
     mid = None if parallel else _Signal(full, compute, centred)
     out = _Signal(full, compute, centred)
     for b, batch in enumerate(batches):
-        hidden, args, kwargs = move_to((batch.hidden, batch.args, batch.kwargs), compute)
+        hidden, (args, kwargs) = move_to((batch.hidden, batch.call(index)), compute)
         if parallel:
             y = ParallelSkipConnectedBlock(block, adapter)(hidden, *args, **kwargs)  # (B, T, D)
         else:

@@ -12,9 +12,12 @@ that `save_pretrained` / `from_pretrained` handle. The parameters of the dropped
 readers, writers, any other weights of its module, and its norm unless the other branch shares it)
 count as removed: a serving stack can delete them, though the saved checkpoint keeps them.
 
-The branch outputs are read from the writers' outputs, which is what the block adds to the stream
-in eval mode (dropout is the identity). Each block's output is checked against that sum, so a
-family whose blocks do more (post-norm, scaled residuals) is refused rather than mis-scored.
+The branch outputs are read where the adapter says the branch ends (`branch_outputs`): the writers'
+outputs, or the output norm of families that normalise a branch before the add (Gemma's
+post-norms, which map a zero writer output to exactly zero, so zeroing the writers still removes
+the branch). That is what the block adds to the stream in eval mode (dropout is the identity).
+Each block's output is checked against that sum, so a family whose blocks do more (scaled
+residuals, an unaccounted norm) is refused rather than mis-scored.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def _score_block(
 ) -> tuple[float, float]:
     """(attention, MLP) mean cosines of one dense block; advances every batch to the block's output."""
     parallel = adapter.is_parallel(block)
-    outputs: dict[str, torch.Tensor] = {}  # branch -> what its writers added, for the batch being run
+    outputs: dict[str, torch.Tensor] = {}  # branch -> what it added to the stream, for the batch being run
 
     def hook_for(branch: str) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], None]:
         def record(_module: nn.Module, _args: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -85,7 +88,7 @@ def _score_block(
     handles = [
         writer.register_forward_hook(hook_for(branch))
         for branch in BRANCHES
-        for writer in _writers(adapter, block, branch)
+        for writer in adapter.branch_outputs(block, branch)
     ]
     sums = {branch: 0.0 for branch in BRANCHES}
     tokens = 0
@@ -93,7 +96,7 @@ def _score_block(
         for batch in batches:
             outputs.clear()
             x = batch.hidden.to(compute)  # (B, T, D)
-            y = run_block(block, batch, compute)  # (B, T, D)
+            y = run_block(block, index, batch, compute)  # (B, T, D)
             attn = outputs["attention"].reshape(x.shape)  # (B, T, D)
             mlp = outputs["mlp"].reshape(x.shape)  # (B, T, D)
             _check_residual_sum(adapter, index, x, attn, mlp, y)
@@ -158,6 +161,7 @@ def branch_parameters(adapter: FamilyAdapter, block: nn.Module, branch: str) -> 
         paths = adapter.mlp_reader_paths + adapter.mlp_writer_paths
         norm, other_norm = adapter.mlp_norm(block), adapter.attn_norm(block)
     owners = [submodule(block, path.split(".")[0]) for path in paths]
+    owners += [output for output in adapter.branch_outputs(block, branch) if output not in owners]
     if norm is not other_norm:
         owners.append(norm)
     unique: dict[int, nn.Parameter] = {}

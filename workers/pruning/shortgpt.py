@@ -34,13 +34,13 @@ def block_influence(
     """BI per dense block; `batches` end at the last block's output."""
     influence: list[float] = []
     home = batches[0].hidden.device
-    for _, block in walk_blocks(
+    for index, block in walk_blocks(
         blocks, compute=compute, home=home, progress=progress, should_stop=should_stop
     ):
         cosine_sum, tokens = 0.0, 0
         for batch in batches:
             x = batch.hidden.to(compute)  # (B, T, D)
-            y = run_block(block, batch, compute)  # (B, T, D)
+            y = run_block(block, index, batch, compute)  # (B, T, D)
             cosine_sum += float(token_cosines(x, y, batch.keep).sum())
             tokens += int(batch.keep.sum())
             batch.hidden = y.to(home)

@@ -24,24 +24,31 @@ import math
 import torch
 
 from workers.pruning.masks import parse_pattern
+from workers.pruning.stream import row_chunks
 
 
 class HessianAccumulator:
-    """H = 2/n sum_t x_t x_t^T over the n tokens seen so far (a running mean, as the reference)."""
+    """H = 2/n sum_t x_t x_t^T over the n tokens seen so far (a running mean, as the reference).
+
+    Memory: the (in, in) matrix plus one chunk of rows in its dtype (`stream.ROW_CHUNK_ELEMENTS`);
+    the reference converts a batch's whole (tokens, in) input at once.
+    """
 
     def __init__(self, features: int, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         self.matrix = torch.zeros(features, features, dtype=dtype, device=device)  # (in, in)
         self.tokens = 0
 
-    def add(self, rows: torch.Tensor) -> None:
-        """Add the inputs of `rows.shape[0]` tokens: rows (n, in)."""
-        added = rows.shape[0]
+    def add(self, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add the token inputs `rows` (n, in); `keep` (n,) marks the real tokens (None: all)."""
+        added = rows.shape[0] if keep is None else int(keep.sum())
         if added == 0:
             return
         total = self.tokens + added
         self.matrix *= self.tokens / total
-        scaled = rows.to(self.matrix.dtype) * math.sqrt(2.0 / total)  # (n, in)
-        self.matrix += scaled.T @ scaled  # (in, in)
+        scale = math.sqrt(2.0 / total)
+        for chunk in row_chunks(rows, keep, self.matrix.dtype):
+            chunk *= scale  # (rows, in)
+            self.matrix.addmm_(chunk.T, chunk)  # (in, in)
         self.tokens = total
 
 

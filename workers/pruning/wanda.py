@@ -13,19 +13,24 @@ from torch import nn
 
 from workers.pruning.linears import weight_out_in
 from workers.pruning.masks import select_mask
+from workers.pruning.stream import row_chunks
 
 
 class FeatureSquares:
-    """Running sum over tokens of x_j^2 per input feature j, in float64."""
+    """Running sum over tokens of x_j^2 per input feature j, in float64.
+
+    Memory: the (in,) sums plus one float64 chunk of rows (`stream.ROW_CHUNK_ELEMENTS`, 8 MiB).
+    """
 
     def __init__(self, features: int, device: torch.device) -> None:
         self.sums = torch.zeros(features, dtype=torch.float64, device=device)  # (in,)
         self.tokens = 0
 
-    def add(self, rows: torch.Tensor) -> None:
-        """Add the inputs of `rows.shape[0]` tokens: rows (n, in)."""
-        self.sums += rows.double().pow(2).sum(dim=0)  # (in,)
-        self.tokens += rows.shape[0]
+    def add(self, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add the token inputs `rows` (n, in); `keep` (n,) marks the real tokens (None: all)."""
+        for chunk in row_chunks(rows, keep, torch.float64):
+            self.sums += chunk.pow_(2).sum(dim=0)  # (in,)
+        self.tokens += rows.shape[0] if keep is None else int(keep.sum())
 
     @property
     def norms(self) -> torch.Tensor:

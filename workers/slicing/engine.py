@@ -171,7 +171,7 @@ def _check_block_structure(
     model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
 ) -> None:
     """The adapter's residual structure must reproduce the block's own forward exactly."""
-    hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+    hidden, (args, kwargs) = _move((batch.hidden, batch.call(0)), compute)
     expected = block(hidden, *args, **kwargs)
     actual = wrap_block(block, adapter)(hidden, *args, **kwargs)
     expected = expected[0] if isinstance(expected, tuple) else expected
@@ -372,7 +372,9 @@ def _slice_blocks(
         block = blocks[index].to(compute)
         fuse_block(block, adapter, full, compute)
         slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
-        blocks[index], basis = slice_block(adapter, block, batches, basis, block_widths, full, compute, dtype)
+        blocks[index], basis = slice_block(
+            adapter, index, block, batches, basis, block_widths, full, compute, dtype
+        )
         bases.append(kept_directions(basis, block_widths.out))
         blocks[index].to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
@@ -397,6 +399,7 @@ def _predicted_counts(
 
 def _slice_sequential_block(
     adapter: FamilyAdapter,
+    index: int,
     block: nn.Module,
     batches: list[_Batch],
     basis_in: torch.Tensor,
@@ -414,7 +417,7 @@ def _slice_sequential_block(
 
     moment = SecondMoment(full, compute)
     for batch in batches:
-        hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+        hidden, (args, kwargs) = _move((batch.hidden, batch.call(index)), compute)
         call = wrapper.call_arguments(hidden, args, kwargs)
         mid = wrapper.attention_residual(hidden, call)  # (B, T, D), original basis
         moment.add(mid, batch.keep)
@@ -442,6 +445,7 @@ def _slice_sequential_block(
 
 def _slice_parallel_block(
     adapter: FamilyAdapter,
+    index: int,
     block: nn.Module,
     batches: list[_Batch],
     basis_in: torch.Tensor,
@@ -458,7 +462,7 @@ def _slice_parallel_block(
 
     moment = SecondMoment(full, compute)
     for batch in batches:
-        hidden, args, kwargs = _move((batch.hidden, batch.args, batch.kwargs), compute)
+        hidden, (args, kwargs) = _move((batch.hidden, batch.call(index)), compute)
         out = wrapper(hidden, *args, **kwargs)  # (B, T, D), original basis
         moment.add(out, batch.keep)
         batch.hidden = out.to(batch.keep.device)

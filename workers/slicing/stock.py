@@ -221,7 +221,7 @@ def _pooled_moment(
         wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block, branch by branch
         mids, outs = moment.open_signal(), moment.open_signal()  # (D, D) each, filled batch by batch
         for batch in batches:
-            hidden, args, kwargs = move_to((batch.hidden, batch.args, batch.kwargs), compute)
+            hidden, (args, kwargs) = move_to((batch.hidden, batch.call(index)), compute)
             mid = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
             out = wrapper.mlp_residual(mid)  # (B, T, D)
             moment.accumulate(mids, mid, batch.keep)

@@ -7,8 +7,9 @@ stream to h @ Q, so:
 - a reader's weight becomes W @ Q, and keeps the first d input columns when sliced;
 - a writer's weight becomes Q.T @ W and its bias b @ Q, keeping the first d output rows;
 - an embedding table E (rows are stream vectors) becomes E @ Q, keeping d columns.
-All arithmetic runs in float64 on the device of Q; results are cast back to the parameter's dtype
-and stored where the parameter was.
+All arithmetic runs in float64 on the device of Q, on chunks of ROW_CHUNK rows (or columns, for
+column-independent maps), so no whole-matrix float64 copy exists; results are cast back to the
+parameter's dtype and stored where the parameter was.
 """
 
 from __future__ import annotations
@@ -69,11 +70,19 @@ def fold_norm_into_readers(
             set_weight_out_in(reader, _map_rows(weight, lambda rows: rows * scale64, device))
 
 
+def _map_columns(
+    matrix: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """The same for column-independent transforms: transform() maps chunks of columns, each given
+    as rows (columns, D) of the transpose, and the result is assembled back as (rows, columns)."""
+    return _map_rows(matrix.t(), transform, device).t().contiguous()
+
+
 def centre_writer(writer: nn.Module, device: torch.device) -> None:
     """Subtract from each column its mean over the output rows (and the bias' mean), so that
     everything the module adds to the residual stream has zero mean across features."""
-    weight = _f64(weight_out_in(writer), device)  # (D, in)
-    set_weight_out_in(writer, weight - weight.mean(dim=0, keepdim=True))
+    centred = _map_columns(weight_out_in(writer), lambda cols: cols - cols.mean(dim=1, keepdim=True), device)
+    set_weight_out_in(writer, centred)  # (D, in)
     old_bias = bias_of(writer)
     if old_bias is not None:
         bias = _f64(old_bias, device)
@@ -81,8 +90,8 @@ def centre_writer(writer: nn.Module, device: torch.device) -> None:
 
 
 def centre_embedding(embedding: nn.Embedding, device: torch.device) -> None:
-    table = _f64(embedding.weight, device)  # (rows, D)
-    set_embedding(embedding, table - table.mean(dim=1, keepdim=True))
+    centred = _map_rows(embedding.weight, lambda rows: rows - rows.mean(dim=1, keepdim=True), device)
+    set_embedding(embedding, centred)  # (rows, D)
 
 
 def rotate_readers(readers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
@@ -95,8 +104,8 @@ def rotate_readers(readers: list[nn.Module], basis: torch.Tensor, keep: int) -> 
 def rotate_writers(writers: list[nn.Module], basis: torch.Tensor, keep: int) -> None:
     """W <- (Q.T @ W)[:keep] and b <- (b @ Q)[:keep] for every writer."""
     for writer in writers:
-        weight = _f64(weight_out_in(writer), basis.device)  # (D, in)
-        set_weight_out_in(writer, basis[:, :keep].t() @ weight)  # (keep, in)
+        rotated = _map_columns(weight_out_in(writer), lambda cols: cols @ basis[:, :keep], basis.device)
+        set_weight_out_in(writer, rotated)  # (keep, in)
         old_bias = bias_of(writer)
         if old_bias is not None:
             set_bias(writer, _f64(old_bias, basis.device) @ basis[:, :keep], like=old_bias)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.workers.pruning.tiny import build, calibration, weights_by_name
-from workers.block_inputs import capture_block_inputs, home_device, move_to
+from workers.block_inputs import capture_block_inputs, home_device
 from workers.pruning import PruningStopped, load_pruned, prune_model, save_pruned
 from workers.pruning.engine import count_parameters
 from workers.slicing.adapters import match_structure
@@ -131,20 +131,12 @@ def test_captured_block_inputs_run_through_the_blocks_reproduce_the_logits(case:
     with torch.no_grad():
         for batch in batches:
             hidden = batch.hidden
-            for block in adapter.blocks(model):
-                result = block(hidden, *move_to(batch.args, home), **batch.kwargs)
+            for index, block in enumerate(adapter.blocks(model)):
+                args, kwargs = batch.call(index)
+                result = block(hidden, *args, **kwargs)
                 hidden = result[0] if isinstance(result, tuple) else result
             outputs.append(adapter.lm_head(model)(adapter.final_norm(model)(hidden)))
         assert torch.allclose(torch.cat(outputs), model(input_ids=ids).logits, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("method", ["wanda", "shortgpt"])
-def test_models_whose_layers_mix_attention_types_are_refused_not_mis_calibrated(method: str) -> None:
-    # Qwen2 with sliding-window layers: each layer type has its own mask, which replaying block 0's
-    # call arguments for every block would get wrong.
-    model = build("qwen2", layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=4)
-    with pytest.raises(ValueError, match=r"mix attention types .*full_attention, sliding_attention"):
-        prune_model(model, method, 0.5, calibration_ids=calibration())
 
 
 def test_shortgpt_refuses_gpt2_whose_attention_scale_depends_on_the_layer_index() -> None:

@@ -10,6 +10,7 @@ from torch import nn
 
 from tests.workers.pruning.tiny import build, calibration, weights_by_name
 from workers.pruning import prune_model
+from workers.pruning.linears import block_linears
 from workers.pruning.magnitude import prune_linear_by_magnitude
 from workers.pruning.masks import select_mask
 from workers.pruning.sparsegpt import HessianAccumulator, sparsegpt_prune
@@ -184,3 +185,46 @@ def test_padded_positions_do_not_enter_wanda_statistics() -> None:
         assert torch.equal(weight == 0, noisy_w[name] == 0), name
     other = weights_by_name(unpadded_but_unmasked)
     assert any(not torch.equal(weight == 0, other[name] == 0) for name, weight in clean_w.items())
+
+
+def test_statistics_in_row_chunks_with_padding_zeroed_equal_the_whole_selection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import workers.pruning.stream as stream
+
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(257, 24, generator=generator)
+    keep = torch.rand(257, generator=generator) > 0.3
+    monkeypatch.setattr(stream, "ROW_CHUNK_ELEMENTS", 24 * 10)  # 26 chunks, the last one short
+    squares, hessian = FeatureSquares(24, torch.device("cpu")), HessianAccumulator(24, torch.device("cpu"))
+    squares.add(rows, keep)
+    hessian.add(rows, keep)
+    kept = rows[keep].double()
+    assert squares.tokens == hessian.tokens == int(keep.sum())
+    assert torch.allclose(squares.sums, kept.pow(2).sum(0), rtol=1e-12, atol=0)
+    assert torch.allclose(hessian.matrix.double(), 2.0 / len(kept) * kept.T @ kept, rtol=1e-5, atol=1e-6)
+
+
+def test_linears_reading_one_input_share_one_statistic() -> None:
+    from workers.pruning.sequential import _input_statistics
+    from workers.pruning.stream import capture
+    from workers.slicing.adapters import match_structure
+
+    model = build("llama")
+    adapter = match_structure(model)
+    ids = calibration()
+    cpu = torch.device("cpu")
+    batches = capture(model, adapter, ids, torch.ones_like(ids, dtype=torch.bool), 2, cpu, cpu)
+    block = adapter.blocks(model)[0]
+    linears = block_linears(adapter, block)
+    statistics = _input_statistics(linears, batches, 0, block, HessianAccumulator, cpu)
+    groups: dict[int, list[str]] = {}
+    for path, statistic in statistics.items():
+        groups.setdefault(id(statistic), []).append(path)
+    assert sorted(groups.values()) == [
+        ["mlp.down_proj"],
+        ["mlp.gate_proj", "mlp.up_proj"],
+        ["self_attn.o_proj"],
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+    ]
+    assert all(statistic.tokens == ids.numel() for statistic in statistics.values())

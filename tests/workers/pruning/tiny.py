@@ -1,24 +1,47 @@
 """Tiny in-memory models for pruning tests: the slicing tests' configs (randomised norm scales and
-biases) with a chosen depth, and helpers to make one layer's branch nearly an identity."""
+biases) with a chosen depth, models whose layers mix attention types, and helpers to make one
+layer's branch nearly an identity."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+import transformers
+from transformers import PretrainedConfig, PreTrainedModel
 
-from tests.workers.slicing.tiny import CONFIGS, build_from_config, token_ids
+from tests.workers.slicing.tiny import _COMMON, _DECODER, CONFIGS, build_from_config, token_ids
 from workers.pruning.linears import block_linears, weight_out_in
 from workers.slicing.adapters import match_structure
 
-__all__ = ["build", "calibration", "scale_writers", "token_ids", "weights_by_name"]
+__all__ = ["MIXED", "build", "calibration", "scale_writers", "token_ids", "weights_by_name"]
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+# Layers of two attention types; a 4-token window is short enough against 16-token rows that
+# giving a layer the other type's mask changes its output.
+MIXED: dict[str, Callable[[], PretrainedConfig]] = {
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{**_DECODER, "num_hidden_layers": 4},
+        **_COMMON,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=[SLIDING, SLIDING, FULL, SLIDING],
+    ),
+    "qwen2_sliding": lambda: transformers.Qwen2Config(
+        **{**_DECODER, "num_hidden_layers": 3},
+        **_COMMON,
+        use_sliding_window=True,
+        sliding_window=4,
+        layer_types=[FULL, SLIDING, SLIDING],
+    ),
+}
 
 
 def build(case: str = "llama", layers: int | None = None, seed: int = 0, **overrides: Any) -> PreTrainedModel:
     """A tiny fp32 model in eval mode (`layers` overrides the depth, `overrides` any config field)
     with random norm scales and biases."""
-    config = CONFIGS[case]()
+    config = {**CONFIGS, **MIXED}[case]()
     if layers is not None:
         config.num_hidden_layers = layers
         if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer (qwen2...)
@@ -34,18 +57,24 @@ def calibration(rows: int = 4, length: int = 16, seed: int = 0) -> torch.Tensor:
 
 @torch.no_grad()
 def scale_writers(model: PreTrainedModel, layer: int, branch: str, factor: float = 1e-3) -> None:
-    """Multiply the writers (weight and bias) of one branch ("attention", "mlp" or "both") by factor."""
+    """Multiply what one branch ("attention", "mlp" or "both") adds to the stream by `factor`: its
+    writers' weight and bias, or, in families that normalise the branch output (Gemma's
+    y = normalise(x) * (1 + w)), that norm's gain."""
     adapter = match_structure(model)
     block = adapter.blocks(model)[layer]
-    writers = []
+    ends = []
     if branch in ("attention", "both"):
-        writers += adapter.attn_writers(block)
+        ends += adapter.branch_outputs(block, "attention")
     if branch in ("mlp", "both"):
-        writers += adapter.mlp_writers(block)
-    for writer in writers:
-        writer.weight.mul_(factor)
-        if getattr(writer, "bias", None) is not None:
-            writer.bias.mul_(factor)
+        ends += adapter.branch_outputs(block, "mlp")
+    writers = adapter.attn_writers(block) + adapter.mlp_writers(block)
+    for module in ends:
+        if not any(module is writer for writer in writers):
+            module.weight.copy_((1.0 + module.weight) * factor - 1.0)
+            continue
+        module.weight.mul_(factor)
+        if getattr(module, "bias", None) is not None:
+            module.bias.mul_(factor)
 
 
 def weights_by_name(model: PreTrainedModel) -> dict[str, torch.Tensor]:

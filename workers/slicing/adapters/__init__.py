@@ -16,6 +16,7 @@ from core.families import (
     unsupported_message,
 )
 from workers.slicing.adapters.base import FamilyAdapter, config_dict
+from workers.slicing.adapters.gemma import GemmaAdapter
 from workers.slicing.adapters.gpt2 import GPT2Adapter
 from workers.slicing.adapters.gpt_neox import GPTNeoXAdapter
 from workers.slicing.adapters.llama import LlamaAdapter
@@ -23,7 +24,9 @@ from workers.slicing.adapters.opt import OPTAdapter
 from workers.slicing.adapters.phi import PhiAdapter
 from workers.slicing.adapters.phi3 import Phi3Adapter
 
+# More specific structures first: Gemma's blocks contain Llama's.
 ADAPTERS: tuple[type[FamilyAdapter], ...] = (
+    GemmaAdapter,
     LlamaAdapter,
     Phi3Adapter,
     OPTAdapter,

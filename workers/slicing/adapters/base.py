@@ -49,6 +49,18 @@ class FamilyAdapter(FamilyLayout, ABC):
 
     uses_layernorm: ClassVar[bool]  # LayerNorm (mean removal needed) rather than RMSNorm
     block_children: ClassVar[frozenset[str]]  # every direct child a block of this family may have
+    # A norm on a branch's output before the residual add (Gemma's post-norms), if the family has one.
+    attn_output_norm_path: ClassVar[str | None] = None
+    mlp_output_norm_path: ClassVar[str | None] = None
+
+    def branch_outputs(self, block: nn.Module, branch: str) -> list[nn.Module]:
+        """The modules whose outputs sum to what `branch` ("attention" or "mlp") adds to the stream:
+        its output norm where the family has one, else its writers."""
+        attention = branch == "attention"
+        norm_path = self.attn_output_norm_path if attention else self.mlp_output_norm_path
+        if norm_path is not None:
+            return [get_path(block, norm_path)]
+        return self.attn_writers(block) if attention else self.mlp_writers(block)
 
     # ---- recognition --------------------------------------------------------------------------
 

@@ -1,0 +1,242 @@
+"""The GPU check: evaluate, slice, Wanda and a probe on CUDA in fp32 and bf16 (resident and
+offloaded), each compared with the same run on the CPU in fp32. Writes JSON.
+
+Usage (on a machine with a GPU; `bench/gpu_check.sh` wraps it for the lent device machine):
+
+    python bench/gpu_check.py --out $OUT/gpu_check.json
+    python bench/gpu_check.py --devices cpu --windows 1        # a dry run of the script itself
+
+The model is the packaged SmolLM2-135M where it is installed; otherwise (`--random`, or the device
+machine, where its 98 MB package cannot travel) SmolLM2-135M's architecture with seeded random
+weights and a byte-level tokenizer, so the comparisons hold while the perplexities themselves are
+those of an untrained model. Each configuration runs the same steps on fresh weights:
+
+- perplexity of the dense model (WikiText-2 test when the data is there, else seeded text);
+- SliceGPT at s = 0.25 and its perplexity; Wanda 50 % and its perplexity;
+- the model-endpoint probe of the Wanda model against the dense one (final KL).
+
+Tolerances (relative, against CPU fp32): fp32 on CUDA 1e-3 (kernel order only); bf16 5e-2 on
+perplexity and 2.5e-1 on the probe's KL (bf16 weights and activations; accumulations stay
+float32/float64 where the engines say so). Offloaded bf16 must equal resident bf16 exactly, up to
+kernel nondeterminism (1e-6). Each configuration records wall time per step and the device's peak
+allocated memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from workers.evaluate import perplexity  # noqa: E402
+from workers.offload import offload, suspended  # noqa: E402
+from workers.probing.endpoint import model_probe  # noqa: E402
+from workers.pruning import prune_model  # noqa: E402
+from workers.slicing.adapters import match_structure  # noqa: E402
+from workers.slicing.engine import slice_model  # noqa: E402
+
+SMOLLM2 = {  # SmolLM2-135M's architecture (config.json of HuggingFaceTB/SmolLM2-135M)
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}
+TOLERANCE = {"float32": {"ppl": 1e-3, "kl": 1e-3}, "bfloat16": {"ppl": 5e-2, "kl": 2.5e-1}}
+CONFIGURATIONS = (  # (name, device, dtype, offloaded)
+    ("cpu-fp32", "cpu", torch.float32, False),
+    ("cuda-fp32", "cuda", torch.float32, False),
+    ("cuda-bf16", "cuda", torch.bfloat16, False),
+    ("cuda-bf16-offloaded", "cuda", torch.bfloat16, True),
+)
+
+
+def build_model(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """(a fresh-weights factory, token ids to score, what the model is)."""
+    if not args.random:
+        try:
+            from core.model_sources import resolve_model
+            from core.settings import Settings
+            from workers.data import load_wikitext2_test, tokenize_corpus
+            from workers.loading import load_model
+
+            settings = Settings()
+            loaded = load_model(
+                resolve_model("smollm2-135m", settings), settings, dtype="float32", device="cpu"
+            )
+            folder = loaded.path
+            ids = tokenize_corpus(loaded.tokenizer, load_wikitext2_test(settings), settings=settings)
+
+            def packaged() -> Any:
+                return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+            return packaged, ids, "smollm2-135m (packaged weights), WikiText-2 test"
+        except Exception as error:  # any missing piece falls back to random weights
+            print(f"packaged model unavailable ({error}); using random weights", flush=True)
+    config = transformers.LlamaConfig(**SMOLLM2)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, SMOLLM2["vocab_size"], (args.windows * args.seqlen * 2,), generator=generator)
+
+    def random() -> Any:
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+    return random, ids, "SmolLM2-135M architecture, seeded random weights, random token ids"
+
+
+def calibration_ids(args: argparse.Namespace, ids: torch.Tensor) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(42)
+    starts = torch.randint(0, ids.numel() - args.seqlen, (args.calibration,), generator=generator)
+    return torch.stack([ids[int(start) : int(start) + args.seqlen] for start in starts])  # (N, T)
+
+
+def run_configuration(
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    offloaded: bool,
+    fresh: Any,
+    ids: torch.Tensor,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    compute = torch.device(device)
+    calibration = calibration_ids(args, ids)
+    prompts = [row[:64] for row in calibration[:4]]
+    if compute.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(compute)
+    timings: dict[str, float] = {}
+
+    def place(model: Any) -> Any:
+        model = model.to(dtype)
+        if offloaded:
+            offload(model, match_structure(model).blocks(model), compute)
+        else:
+            model.to(compute)
+        return model
+
+    def ppl(model: Any) -> float:
+        return perplexity(model, ids, seqlen=args.seqlen, max_windows=args.windows, batch_size=1).ppl
+
+    def timed(step: str, action: Any) -> Any:
+        if compute.type == "cuda":
+            torch.cuda.synchronize(compute)
+        started = time.perf_counter()
+        value = action()
+        if compute.type == "cuda":
+            torch.cuda.synchronize(compute)
+        timings[step] = round(time.perf_counter() - started, 3)
+        return value
+
+    dense = place(fresh())
+    out: dict[str, Any] = {
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "offloaded": offloaded,
+    }
+    out["dense_ppl"] = timed("dense_ppl_s", lambda: ppl(dense))
+
+    def pruned(step: str, engine: Any) -> Any:
+        """A fresh copy placed like the dense one, pruned by `engine(model)` with the streaming
+        suspended (the engines move blocks themselves), then scored."""
+        model = place(fresh())
+        with suspended(model, blocks_after=lambda each: match_structure(each).blocks(each)):
+            timed(f"{step}_s", lambda: engine(model))
+        out[f"{step}_ppl"] = timed(f"{step}_ppl_s", lambda: ppl(model))
+        return model
+
+    pruned(
+        "slicing", lambda model: slice_model(model, calibration, None, 0.25, device=compute, keep_bases=False)
+    )
+    gc.collect()
+    wanda = pruned(
+        "wanda", lambda model: prune_model(model, "wanda", 0.5, calibration_ids=calibration, device=compute)
+    )
+    moved = [prompt.to(compute) for prompt in prompts]
+    records = timed("probe_s", lambda: model_probe(dense, wanda, moved, temperature=1.0))
+    out["probe_final_kl"] = next(r.value for r in records if r.space == "probs" and r.metric == "kl")
+    out["timings"] = timings
+    if compute.type == "cuda":
+        out["peak_device_bytes"] = torch.cuda.max_memory_allocated(compute)
+        out["device_name"] = torch.cuda.get_device_name(compute)
+    print(name, json.dumps(out), flush=True)
+    return out
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Relative differences against cpu-fp32 and the verdict per configuration."""
+    reference = runs.get("cpu-fp32")
+    verdicts: dict[str, Any] = {}
+    if reference is None:
+        return verdicts
+    keys = ("dense_ppl", "slicing_ppl", "wanda_ppl", "probe_final_kl")
+    for name, run in runs.items():
+        if name == "cpu-fp32":
+            continue
+        limits = TOLERANCE[run["dtype"]]
+        differences = {key: abs(run[key] - reference[key]) / abs(reference[key]) for key in keys}
+        passed = all(differences[key] <= limits["kl" if key.endswith("kl") else "ppl"] for key in keys)
+        verdicts[name] = {"relative_difference": differences, "tolerance": limits, "passed": passed}
+    if "cuda-bf16" in runs and "cuda-bf16-offloaded" in runs:
+        resident, streamed = runs["cuda-bf16"], runs["cuda-bf16-offloaded"]
+        gap = max(abs(streamed[key] - resident[key]) / abs(resident[key]) for key in keys)
+        verdicts["offloaded_vs_resident"] = {"max_relative_difference": gap, "passed": gap <= 1e-6}
+    return verdicts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--devices", nargs="*", default=["cpu", "cuda"])
+    parser.add_argument(
+        "--random", action="store_true", help="random weights even where the packaged model exists"
+    )
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--seqlen", type=int, default=512)
+    parser.add_argument("--calibration", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "gpu_check.json")
+    args = parser.parse_args()
+    if "cuda" in args.devices and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here; run with --devices cpu for a dry run")
+    fresh, ids, description = build_model(args)
+    result: dict[str, Any] = {
+        "model": description,
+        "protocol": {
+            "seqlen": args.seqlen,
+            "windows": args.windows,
+            "calibration": [args.calibration, args.seqlen],
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "runs": {},
+    }
+    for name, device, dtype, offloaded in CONFIGURATIONS:
+        if device in args.devices:
+            result["runs"][name] = run_configuration(name, device, dtype, offloaded, fresh, ids, args)
+    result["verdicts"] = compare(result["runs"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["verdicts"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

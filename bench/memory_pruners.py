@@ -1,0 +1,147 @@
+"""Peak memory of the calibrated engines on SmolLM2-135M, one fresh process per run, side by side.
+
+Usage (from the repository root):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/memory_pruners.py
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/memory_pruners.py --before /work/before  # a checkout to compare
+
+Each run is a child process that loads the fp32 model and the calibration windows (BoolQ passages,
+seeded) and reads every weight once (so a memory-mapped checkpoint is resident), then resets the
+kernel's peak-RSS mark (`/proc/self/clear_refs`, 5) and runs one engine;
+its extra peak is VmHWM minus the RSS just before the engine started, so loading never counts.
+With `--before`, every engine also runs from that checkout (e.g. a `git worktree` of the previous
+commit), alternating with this one, so the two see the same machine. The prediction printed
+beside each is the engine's docstring formula for the captured stream and its statistics (it
+leaves out the allocator's and autograd-free forwards' transient buffers, which the measurement
+includes). Writes bench/out/memory_pruners.json (git-ignored) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import gc, json, os, resource, sys, time
+import torch
+from core.model_sources import resolve_model
+from core.settings import Settings
+from workers.calibration import build_calibration, calibration_corpus
+from workers.loading import load_model
+
+engine, sequences, length, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(threads)
+settings = Settings()
+dense = load_model(resolve_model("smollm2-135m", settings), settings, dtype="float32", device="cpu")
+calibration = build_calibration(
+    dense.tokenizer, calibration_corpus("boolq-passages", None, settings),
+    num_sequences=sequences, seqlen=length, seed=42, settings=settings,
+)
+ids, mask = calibration.input_ids, calibration.attention_mask
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+# Touch every weight so that a memory-mapped checkpoint is resident before the baseline is read
+# (otherwise the engine's first reads of the weights would count as its own memory).
+checksum = sum(float(p.detach().abs().sum()) for p in dense.model.parameters())
+gc.collect()
+before = rss("VmRSS:")
+with open("/proc/self/clear_refs", "w") as handle:
+    handle.write("5")
+started = time.perf_counter()
+if engine == "slicing":
+    from workers.slicing.engine import slice_model
+    slice_model(dense.model, ids, mask, 0.25, keep_bases=False)
+else:
+    from workers.pruning import prune_model
+    prune_model(dense.model, engine, 0.5, calibration_ids=ids, attention_mask=mask)
+wall = time.perf_counter() - started
+peak = rss("VmHWM:")
+model_bytes = sum(p.numel() * p.element_size() for p in dense.model.parameters())
+print(json.dumps({"rss_before": before, "peak": peak, "extra_peak": peak - before, "wall_s": wall,
+                  "model_bytes": model_bytes}))
+"""
+
+
+def predicted_extra(
+    engine: str, sequences: int, length: int, config: dict[str, int]
+) -> dict[str, int] | None:
+    """The docstring formulas (workers/pruning/sequential.py, wanda.py, sparsegpt.py), in bytes; None
+    for slicing, whose engine states none yet."""
+    if engine == "slicing":
+        return None
+    hidden, mlp, batch = config["hidden_size"], config["intermediate_size"], 8
+    stream = sequences * length * hidden * 4  # the captured hidden states, fp32
+    # one batch through a block: input, output, q/k/v/attention output (~6 D) and gate/up/product (3 F)
+    one_batch = batch * length * (6 * hidden + 3 * mlp) * 4
+    chunk = (1 << 20) * 8  # one float64 row chunk
+    parts = {"stream": stream, "one_batch_activations": one_batch, "row_chunk": chunk}
+    if engine == "sparsegpt":
+        parts["hessians"] = 4 * (3 * hidden**2 + mlp**2)  # q/k/v shared, gate/up shared
+        parts["solve"] = 4 * (3 * mlp**2 + hidden * mlp)  # down_proj: damped H, inverse, factor, work
+    elif engine == "wanda":
+        parts["sums"] = 8 * (3 * hidden + mlp)
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def run_child(repo: Path, engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-c", CHILD, engine, str(args.sequences), str(args.length), str(args.threads)]
+    done = subprocess.run(
+        command, cwd=repo, env=env, capture_output=True, text=True, timeout=3600, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} in {repo} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare against")
+    parser.add_argument("--engines", nargs="*", default=["wanda", "sparsegpt", "slicing"])
+    parser.add_argument("--sequences", type=int, default=128)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "memory_pruners.json")
+    args = parser.parse_args()
+    config = {"hidden_size": 576, "intermediate_size": 1536}  # SmolLM2-135M
+    checkouts = {"after": REPO_ROOT} | ({"before": args.before.resolve()} if args.before else {})
+    result: dict[str, Any] = {
+        "model": "smollm2-135m",
+        "calibration": {"sequences": args.sequences, "length": args.length, "batch_size": 8},
+        "threads": args.threads,
+        "platform": platform.platform(),
+        "load_average_start": os.getloadavg(),
+        "runs": {},
+    }
+    for engine in args.engines:
+        entry: dict[str, Any] = {
+            "predicted_extra": predicted_extra(engine, args.sequences, args.length, config)
+        }
+        for label, repo in checkouts.items():
+            entry[label] = run_child(repo, engine, args)
+            print(engine, label, json.dumps(entry[label]), flush=True)
+        result["runs"][engine] = entry
+    result["load_average_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

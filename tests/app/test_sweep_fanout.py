@@ -1,0 +1,110 @@
+"""Sweeps fanned out across workers: one child prune job per sparsity, any worker takes any child,
+the fit runs once all finished, with the numbers of a sweep run on one worker; canceling the sweep
+cancels its children; the embedded deployment runs it all in one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from core.migrate import upgrade
+from core.settings import Settings
+from tests.app.test_prune_jobs import wait_done
+from tests.app.test_sweep_jobs import items, sweep_body
+from tests.conftest import wait_for
+
+SPARSITIES = [0.2, 0.3, 0.4, 0.5]
+
+
+def _points(api: TestClient, job_ids: list[str]) -> dict[tuple[float, str], float]:
+    """(sparsity, metric) -> value of the pruned results of these jobs."""
+    return {
+        (item["sparsity"], item["metric"]): item["value"]
+        for job_id in job_ids
+        for item in items(api, f"/v1/jobs/{job_id}/results")
+        if item["method"] != "dense"
+    }
+
+
+def _children(api: TestClient, job_id: str) -> list[dict[str, Any]]:
+    return items(api, "/v1/jobs", parent_id=job_id, limit=50)
+
+
+def test_a_fanned_out_sweep_spreads_its_sparsities_over_two_workers_with_the_same_numbers(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    workers = [start_worker(), start_worker()]
+    model = str(tiny_model_dir)
+    in_turn = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, method="wanda")).json()
+    wait_done(api, in_turn["id"], workers[0])
+    fanned = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, method="wanda", fan_out=True)).json()
+    done = wait_done(api, fanned["id"], workers[0])
+    assert done["stage"] == "done" and done["progress"] == 1.0
+
+    children = _children(api, fanned["id"])
+    assert sorted(child["request"]["sparsity"] for child in children) == SPARSITIES
+    assert all(child["kind"] == "prune" and child["status"] == "succeeded" for child in children)
+    assert all(child["parent_id"] == fanned["id"] for child in children)
+    # Some ran in the sweep's own process (its attempt's host:pid), some in the other worker's horses.
+    ran_in = [child["worker"] == done["worker"] for child in children]
+    assert any(ran_in) and not all(ran_in), ([child["worker"] for child in children], done["worker"])
+    # The same points as the sweep measured in turn, tagged with the sweep, against its dense baseline.
+    assert _points(api, [child["id"] for child in children]) == _points(api, [in_turn["id"]])
+    assert _points(api, [fanned["id"]]) == _points(api, [in_turn["id"]])  # the sweep lists its children's
+    for child in children:
+        for item in items(api, f"/v1/jobs/{child['id']}/results"):
+            assert item["protocol"]["sweep_job_id"] == fanned["id"]
+    # The fit is the sweep's, over the same points.
+    fits = items(api, "/v1/fits", job_id=fanned["id"])
+    reference = items(api, "/v1/fits", job_id=in_turn["id"])
+    assert [fit["params"] for fit in fits] == [fit["params"] for fit in reference] and fits
+
+
+def test_canceling_a_fanned_out_sweep_cancels_its_children(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    sparsities = [round(0.05 * i, 2) for i in range(1, 11)]
+    body = sweep_body(
+        str(tiny_model_dir),
+        sparsities,
+        method="wanda",
+        fan_out=True,
+        perplexity={"seqlen": 64, "max_windows": 8},
+    )
+    job = api.post("/v1/jobs", json=body).json()
+    wait_for(
+        lambda: any(child["status"] == "succeeded" for child in _children(api, job["id"])),
+        timeout=90,
+        what="a first child to finish",
+        interval=0.1,
+    )
+    assert api.delete(f"/v1/jobs/{job['id']}").status_code == 202
+    done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
+    assert done["status"] == "canceled", (done, worker.output()[-3000:])
+    wait_for(
+        lambda: all(child["status"] in ("succeeded", "canceled") for child in _children(api, job["id"])),
+        timeout=60,
+        what="every child to end",
+    )
+    statuses = [child["status"] for child in _children(api, job["id"])]
+    assert "canceled" in statuses and len(statuses) == len(sparsities)
+    assert items(api, "/v1/fits", job_id=job["id"]) == []
+
+
+def test_the_embedded_deployment_runs_a_fanned_out_sweep_in_its_one_process(
+    make_settings: Any, tiny_model_dir: Path
+) -> None:
+    settings: Settings = make_settings()
+    upgrade(settings.store_url)
+    with TestClient(create_app(settings)) as api:
+        body = sweep_body(str(tiny_model_dir), SPARSITIES, method="wanda", fan_out=True)
+        job = api.post("/v1/jobs", json=body).json()
+        done = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 180}).json()
+        assert done["status"] == "succeeded", done
+        children = _children(api, job["id"])
+        assert len(children) == len(SPARSITIES) and all(child["status"] == "succeeded" for child in children)
+        assert items(api, "/v1/fits", job_id=job["id"])
