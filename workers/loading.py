@@ -161,11 +161,15 @@ def refresh_model(loaded: LoadedModel) -> None:
 
 def load_copy(loaded: LoadedModel) -> LoadedModel:
     """An independent copy of `loaded`'s model, read again from its folder (same device, dtype and
-    tokenizer): for jobs that need the dense model and a pruned one side by side."""
+    tokenizer): for jobs that need the dense model and a pruned one side by side. The copy is planned
+    again, against what the device has left with the first one on it: a model that fits once may
+    not fit twice, and the copy is then offloaded."""
     model = _load_causal_lm(loaded.path, loaded.model_id, loaded.dtype)
     model.eval()
-    place(model, loaded.device, loaded.memory_plan)
-    return dataclasses.replace(loaded, model=model)
+    plan = loaded.memory_plan
+    plan = memory_plan(model, loaded.device, plan.mode, plan.configured_budget)
+    place(model, loaded.device, plan)
+    return dataclasses.replace(loaded, model=model, memory_plan=plan)
 
 
 def conversion_key(gguf_path: Path) -> str:

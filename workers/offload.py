@@ -34,6 +34,7 @@ OffloadMode = Literal["auto", "always", "never"]
 OFFLOAD_MODES: tuple[str, ...] = ("auto", "always", "never")
 RESIDENT_SHARE = 0.8  # "auto" keeps a model resident when it takes at most this share of the budget
 CPU = torch.device("cpu")
+CONFIGURED = "PRUNECAST_DEVICE_MEMORY_BYTES"  # the budget source when the setting gives it
 
 
 class OffloadError(RuntimeError):
@@ -56,6 +57,12 @@ class MemoryPlan:
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def configured_budget(self) -> int | None:
+        """The budget the setting gave, to plan another copy of the model with (else None: a CUDA
+        device's free memory is read again, with this copy already on it)."""
+        return self.device_budget_bytes if self.budget_source == CONFIGURED else None
+
 
 def module_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers (shared tensors counted once)."""
@@ -69,7 +76,7 @@ def device_budget(device: torch.device, configured: int | None) -> tuple[int | N
     """The bytes a job may put on `device`: the configured budget if set, else a CUDA device's free
     memory, else none (a CPU host's memory is the model's home anyway)."""
     if configured is not None:
-        return configured, "PRUNECAST_DEVICE_MEMORY_BYTES"
+        return configured, CONFIGURED
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free), "cuda free memory"

@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import delete, select, update
 
 from app.main import create_app
+from core import lifecycle
 from core.migrate import upgrade
 from core.settings import Settings
+from core.store import Store
+from core.tables import Fit, Job
 from tests.app.test_prune_jobs import wait_done
 from tests.app.test_sweep_jobs import items, sweep_body
 from tests.conftest import wait_for
@@ -108,3 +112,29 @@ def test_the_embedded_deployment_runs_a_fanned_out_sweep_in_its_one_process(
         children = _children(api, job["id"])
         assert len(children) == len(SPARSITIES) and all(child["status"] == "succeeded" for child in children)
         assert items(api, "/v1/fits", job_id=job["id"])
+
+
+def test_a_retried_fanned_out_sweep_keeps_the_children_that_finished(
+    make_settings: Any, clean_store: Store, tiny_model_dir: Path
+) -> None:
+    from workers.tasks import execute_job
+
+    settings = make_settings(database_url=clean_store.url)  # no Redis: the sweep runs its children
+    body = sweep_body(str(tiny_model_dir), SPARSITIES, method="wanda", fan_out=True)
+    with clean_store.session() as session:
+        job_id = lifecycle.submit(
+            session, kind="sweep", request=body, model_id=str(tiny_model_dir), request_hash="x"
+        ).id
+    execute_job(clean_store, settings, job_id)
+    with clean_store.session() as session:
+        first = {child.id: child.finished_at for child in lifecycle.children_of(session, job_id)}
+        assert len(first) == len(SPARSITIES)
+        # As if the sweep's worker died after its children finished, before it fitted: retried.
+        session.execute(delete(Fit).where(Fit.job_id == job_id))
+        session.execute(update(Job).where(Job.id == job_id).values(status="queued"))
+    execute_job(clean_store, settings, job_id)
+    with clean_store.session() as session:
+        assert session.get(Job, job_id).status == "succeeded"
+        again = {child.id: child.finished_at for child in lifecycle.children_of(session, job_id)}
+        assert again == first  # no child created or run again
+        assert session.scalars(select(Fit).where(Fit.job_id == job_id)).all()

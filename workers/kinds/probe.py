@@ -49,7 +49,7 @@ from workers.kinds.prune_steps import (
     lap,
 )
 from workers.kinds.steps import load_for_job, step_reporter
-from workers.loading import LoadedModel, ModelLoadError, load_copy, place
+from workers.loading import LoadedModel, ModelLoadError, load_copy, memory_plan, place
 from workers.probing import (
     BUILTIN_PROMPTS,
     MEASURING_POINTS,
@@ -385,15 +385,20 @@ def pruned_from_artifact(context: JobContext, spec: ProbeJobCreate, dense: Loade
     sparsity = float(request.get("sparsity", 0.0))
     origin = {"artifact_job_id": spec.artifact_job_id, "kind": artifact.kind, "path": str(folder)}
     try:
-        home = torch.device("cpu") if dense.memory_plan.offloaded else dense.device
-        reloaded = pruner.load(folder, home)
+        reloaded = pruner.load(folder, torch.device("cpu"))  # placed below, beside the dense model
     except (OSError, ValueError, KeyError, SafetensorError) as error:  # the weights or the kept bases
         raise JobFailure(f"could not load the artifact of job {spec.artifact_job_id}: {error}") from error
     model, report, layer_map = reloaded.model, reloaded.report, reloaded.layer_map
     check_same_weights(dense, model, report.get("revision"), spec.artifact_job_id)
     as_module: torch.nn.Module = model  # PreTrainedModel.to's decorator confuses type checkers
     as_module.to(dtype=dense.dtype).eval()
-    place(as_module, dense.device, dense.memory_plan)  # beside the dense model: whole, or offloaded like it
+    plan = dense.memory_plan
+    try:  # planned against what the device has left with the dense model on it
+        place(
+            as_module, dense.device, memory_plan(as_module, dense.device, plan.mode, plan.configured_budget)
+        )
+    except ModelLoadError as error:
+        raise JobFailure(str(error)) from error
     timings = {"load_pruned_s": lap(started)}
     return PrunedModel(model, method, sparsity, layer_map, report, origin, timings, reloaded.bases)
 

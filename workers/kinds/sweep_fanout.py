@@ -34,8 +34,9 @@ from sqlalchemy import select
 from core import lifecycle
 from core.rq_transport import enqueue_on
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
+from core.store import StoreUnavailable
 from core.tables import Job, JobStatus, Result
-from workers.context import JobContext, JobFailure, JobStopped
+from workers.context import JobContext, JobFailure
 from workers.kinds.prune_steps import Prepared
 
 POLL_S = 0.5  # how often the sweep reads its children's rows
@@ -57,7 +58,8 @@ def measure_through_children(
 ) -> dict[float, dict[RowKey, Result]]:
     """Every pruned sparsity measured by a child job; their result rows per sparsity, once all
     succeeded. Reports progress within [start, end]; raises JobFailure if a child failed or was
-    canceled on its own, JobStopped (after canceling the children) if the sweep must stop."""
+    canceled on its own, JobStopped if the sweep must stop (either way after canceling the
+    children, unless a newer attempt of the sweep owns them)."""
     prepared.loaded.model = None  # type: ignore[assignment]  # the children load their own copies
     gc.collect()
     children = _live_children(context)
@@ -75,8 +77,11 @@ def measure_through_children(
     try:
         while not _all_succeeded(context, children, runner, start=start, end=end):
             time.sleep(POLL_S)
-    except (JobStopped, JobFailure):
-        _cancel_children(context, children.values())
+    except StoreUnavailable:
+        raise  # the sweep is retried once the store is back, and keeps its children
+    except Exception:  # stopped, failed or crashed: the children it leaves are canceled ...
+        if not context.superseded:  # ... unless a newer attempt of the sweep owns them now
+            _cancel_children(context, children.values())
         runner.join()
         raise
     runner.join()
