@@ -42,9 +42,11 @@ def test_a_fanned_out_sweep_spreads_its_sparsities_over_two_workers_with_the_sam
 ) -> None:
     workers = [start_worker(), start_worker()]
     model = str(tiny_model_dir)
-    in_turn = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, method="wanda")).json()
+    # Children of a few seconds each, so that the second worker's fork and start are short beside them.
+    protocol = {"perplexity": {"seqlen": 64, "max_windows": 8}, "method": "wanda"}
+    in_turn = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, **protocol)).json()
     wait_done(api, in_turn["id"], workers[0])
-    fanned = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, method="wanda", fan_out=True)).json()
+    fanned = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, fan_out=True, **protocol)).json()
     done = wait_done(api, fanned["id"], workers[0])
     assert done["stage"] == "done" and done["progress"] == 1.0
 

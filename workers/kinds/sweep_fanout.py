@@ -3,9 +3,10 @@
 The sweep measures (or reuses) the dense baseline and dense accuracy itself, as an ordinary sweep
 does. Then it creates one `prune` job per sparsity it has no live or finished child for (children
 of the sweep: `jobs.parent_id`), puts them on the queue, and works through them as well: whenever
-no child of its own is running and one is still queued, it claims that child and runs it in a
-thread, exactly as a worker would (`workers.tasks.execute_job`). Other workers take the rest from
-the queue. The store coordinates everything:
+no child of its own is running and one is still queued, it claims the last queued one (the queue
+hands out the first ones, so the two rarely race for a child) and runs it in a thread, exactly as
+a worker would (`workers.tasks.execute_job`). Other workers take the rest from the queue. The
+store coordinates everything:
 
 - a child reuses the sweep's dense baseline (`find_dense_baseline`'s `parent_job_id`), draws the same
   calibration windows (same corpus, seed, count and length) and tags its results `sweep_job_id`;
@@ -163,10 +164,10 @@ def _all_succeeded(
     done = [s for s, job in by_sparsity.items() if job.status is JobStatus.succeeded]
     if len(done) == len(by_sparsity):
         return True
-    if not runner.busy:
-        queued = next((job.id for job in by_sparsity.values() if job.status is JobStatus.queued), None)
-        if queued is not None:
-            runner.start(queued)
+    if not runner.busy:  # from the back of the list: the queue's workers take from the front
+        queued = [job.id for job in by_sparsity.values() if job.status is JobStatus.queued]
+        if queued:
+            runner.start(queued[-1])
     shares = [
         1.0 if job.status is JobStatus.succeeded else float(job.progress) for job in by_sparsity.values()
     ]

@@ -11,8 +11,8 @@ home device): one block's activations for one batch, its distinct input statisti
 (in,) vector per distinct input; SparseGPT: one (in, in) fp32 Hessian per distinct input, so
 4 (3 D^2 + F^2) bytes for a Llama block with hidden D and MLP width F, where one Hessian per
 linear would be 4 (6 D^2 + F^2): q/k/v share one, gate/up one, o_proj and down_proj have their
-own), one row chunk (`stream.ROW_CHUNK_ELEMENTS`) and,
-while SparseGPT solves one linear, its fp32 working copy, damped Hessian and inverse factor.
+own), one row chunk (`stream.ROW_CHUNK_ELEMENTS`) and, while SparseGPT solves one linear, its fp32
+working copy, damped Hessian and inverse factor. bench/memory_pruners.py checks it.
 """
 
 from __future__ import annotations
