@@ -17,7 +17,7 @@ from app.schemas.results import LmEvalExport, ResultList, ResultPublic
 from app.services import jobs
 from app.views.lm_eval import LM_EVAL_KINDS, lm_eval_export
 from core.specs import JobCreate
-from core.tables import Artifact, Job, JobStatus, Result
+from core.tables import Artifact, Job, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -155,10 +155,7 @@ def job_results(
     results format: per task `acc,none`, `acc_stderr,none`, `acc_norm,none`, ..., `alias` (a filtered
     metric under its filter's name: `exact_match,strict-match`)."""
     job = jobs.get_job(session, job_id)
-    children = select(Job.id).where(Job.parent_id == job_id)
-    rows = session.scalars(
-        select(Result).where((Result.job_id == job_id) | Result.job_id.in_(children)).order_by(Result.id)
-    ).all()
+    rows = jobs.job_results(session, job_id)
     if format == "json":
         return ResultList(items=[ResultPublic.model_validate(row) for row in rows])
     if job.kind not in LM_EVAL_KINDS:

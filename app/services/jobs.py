@@ -24,7 +24,7 @@ from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.specs import JobCreate, ProbeJobCreate, ProfileJobCreate, PruneJobCreate, SweepJobCreate
 from core.specs.profile import PROFILED_METHOD
 from core.store import is_outage
-from core.tables import Artifact, Job, JobStatus
+from core.tables import Artifact, Job, JobStatus, Result
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +35,14 @@ def get_job(session: Session, job_id: str) -> Job:
     if job is None:
         raise ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
     return job
+
+
+def job_results(session: Session, job_id: str) -> Sequence[Result]:
+    """The results a job stored, with those of the jobs it created (a fanned-out sweep's points are
+    stored by its per-sparsity children), oldest first."""
+    children = select(Job.id).where(Job.parent_id == job_id)
+    query = select(Result).where((Result.job_id == job_id) | Result.job_id.in_(children))
+    return session.scalars(query.order_by(Result.id)).all()
 
 
 def create_job(services: Services, job: JobCreate, idempotency_key: str | None = None) -> tuple[Job, bool]:

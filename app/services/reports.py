@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
-
 from app.deps import Services
 from app.problems import ProblemError
 from app.schemas.jobs import JobPublic
 from app.schemas.results import ResultPublic
 from app.services.curves import load_curve
-from app.services.jobs import get_job
+from app.services.jobs import get_job, job_results
 from app.services.probes import probe_section
 from app.services.profiles import find_profile
 from app.services.retention import load_retention
@@ -22,7 +20,6 @@ from app.views.profile_plots import profile_svg
 from app.views.report import CurveSection, render_report
 from app.views.retention_plots import retention_svg
 from core.methods import DEFAULT_METHOD, DENSE
-from core.tables import Result
 from core.tasks import ACCURACY_METRICS, TASK_CATALOGUE
 
 MAX_CURVES = 12
@@ -32,7 +29,7 @@ MAX_CURVES = 12
 def job_report_html(services: Services, job_id: str) -> str:
     with services.store.sessions() as session:
         job = get_job(session, job_id)
-        rows = session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id)).all()
+        rows = job_results(session, job_id)  # a fanned-out sweep's children's points included
         public = JobPublic.model_validate(job)
         results = [ResultPublic.model_validate(row) for row in rows]
     curves = [_section(services, target) for target in curve_targets(results)[:MAX_CURVES]]

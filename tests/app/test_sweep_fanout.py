@@ -114,6 +114,10 @@ def test_the_embedded_deployment_runs_a_fanned_out_sweep_in_its_one_process(
         children = _children(api, job["id"])
         assert len(children) == len(SPARSITIES) and all(child["status"] == "succeeded" for child in children)
         assert items(api, "/v1/fits", job_id=job["id"])
+        # The sweep's report lists the points its children stored.
+        page = api.get(f"/v1/jobs/{job['id']}/report").text
+        points = [item for child in children for item in items(api, f"/v1/jobs/{child['id']}/results")]
+        assert points and all(f'<td class="num">{item["id"]}</td>' in page for item in points)
 
 
 def test_a_retried_fanned_out_sweep_keeps_the_children_that_finished(
