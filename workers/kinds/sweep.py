@@ -60,7 +60,7 @@ from workers.kinds.prune_steps import (
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
 from workers.kinds.sweep_fanout import RowKey, measure_through_children
-from workers.loading import refresh_model
+from workers.loading import ModelLoadError, refresh_model
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 POINTS_END = 0.95
@@ -109,7 +109,10 @@ def _measure_in_turn(
         timings = dict(prepared.timings)
         if not model_is_dense:
             context.report("slicing", start, f"{prefix}fresh dense copy")  # a safe point to stop
-            refresh_model(prepared.loaded)
+            try:
+                refresh_model(prepared.loaded)
+            except ModelLoadError as error:  # e.g. the copy's memory plan: too large for the device
+                raise JobFailure(f"{prefix}{error}") from error
             timings["reload_s"] = lap(point_started)
         model_is_dense = False
         measured_end = end if spec.accuracy is None else start + ACCURACY_FROM * (end - start)
