@@ -1,5 +1,5 @@
-"""Predicting before pruning, measured: profiles of SmolLM2-135M, their cost, and every predictor's
-backtest against measured SliceGPT sweeps in the same store.
+"""Predicting before pruning, measured: profiles of SmolLM2-135M (or any packaged model), their
+cost, and every predictor's backtest against the measured sweeps of one method in the same store.
 
 Usage (from the repository root; the sweeps first, into one store, then this):
 
@@ -7,6 +7,12 @@ Usage (from the repository root; the sweeps first, into one store, then this):
         --sparsities 0 0.1 0.2 0.3 0.4 0.5 --calibration-sequences 128 --calibration-length 512 \\
         --eval-windows 40 [--calibration-corpus lambada-passages]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/predict_smollm2.py --home bench/out/store
+
+With `--method wanda` (or sparsegpt, magnitude, magnitude-row) the backtests and the prediction are
+that method's, predicted from the profiles' mask errors; sweep it first (`sweep_smollm2.py --method`),
+on each `--model` to be compared (e.g. `gemma-3-270m`, which slicing refuses), and profile each model
+with this script (`--skip-cost`); the last run's backtests cover every model in the store, and
+`--cost-steps dense profile wanda` measures the profile against a Wanda prune instead of slicing.
 
 Steps, each the way a user's request runs (the app behind a TestClient, the embedded worker):
 
@@ -55,6 +61,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--home", type=Path, required=True, help="the store the sweeps wrote (SQLite)")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--method", default="slicegpt", help="whose sweeps are backtested and predicted")
+    parser.add_argument("--sparsities", type=float, nargs="+", default=SPARSITIES, help="profiled")
+    parser.add_argument("--anchor", type=float, default=ANCHOR, help="the one-point headline's point")
+    parser.add_argument(
+        "--cost-steps",
+        nargs="+",
+        default=["dense", "profile", "slice"],
+        choices=["dense", "profile", "slice", "wanda"],
+    )
     parser.add_argument("--corpora", nargs="+", default=["boolq-passages", "lambada-passages"])
     parser.add_argument("--lens-tokens", type=int, default=256)
     parser.add_argument(
@@ -79,7 +94,7 @@ def parse_args() -> argparse.Namespace:
         type=Path,
         default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
     )
-    parser.add_argument("--cost-step", choices=["dense", "profile", "slice"], help=argparse.SUPPRESS)
+    parser.add_argument("--cost-step", choices=["dense", "profile", "slice", "wanda"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "predict_smollm2.json")
     return parser.parse_args()
 
@@ -101,6 +116,7 @@ def cost_step(args: argparse.Namespace) -> None:
     from workers.calibration import build_calibration, calibration_corpus
     from workers.loading import load_model
     from workers.profiling import profile_model
+    from workers.pruning.engine import prune_model
     from workers.slicing.engine import slice_model
 
     torch.set_num_threads(args.threads)
@@ -121,7 +137,11 @@ def cost_step(args: argparse.Namespace) -> None:
             for start in range(0, ids.shape[0], size):
                 loaded.model(input_ids=ids[start : start + size], use_cache=False)
         elif args.cost_step == "profile":
-            profile_model(loaded.model, ids, None, SPARSITIES, batch_size=size, lens_tokens=args.lens_tokens)
+            profile_model(
+                loaded.model, ids, None, args.sparsities, batch_size=size, lens_tokens=args.lens_tokens
+            )
+        elif args.cost_step == "wanda":
+            prune_model(loaded.model, "wanda", 0.5, calibration_ids=ids, batch_size=size)
         else:
             slice_model(loaded.model, ids, None, 0.25, batch_size=size, keep_bases=False)
     wall = time.perf_counter() - started
@@ -137,8 +157,18 @@ def peak_rss_mb() -> float:
 
 def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
     steps = {}
-    for step in ("dense", "profile", "slice"):
-        command = [sys.executable, __file__, "--home", str(args.home), "--cost-step", step]
+    for step in args.cost_steps:
+        command = [
+            sys.executable,
+            __file__,
+            "--home",
+            str(args.home),
+            "--cost-step",
+            step,
+            "--model",
+            args.model,
+        ]
+        command += ["--sparsities", *map(str, args.sparsities)]
         command += ["--cache-dir", str(args.cache_dir), "--data-dir", str(args.data_dir)]
         command += [
             "--threads",
@@ -152,17 +182,13 @@ def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         steps[step] = json.loads(output.strip().splitlines()[-1])
         print(f"cost: {steps[step]}", flush=True)
-    return {
-        "steps": steps,
-        "profile_over_dense_wall": round(steps["profile"]["wall_s"] / steps["dense"]["wall_s"], 3),
-        "profile_over_slicing_wall": round(steps["profile"]["wall_s"] / steps["slice"]["wall_s"], 3),
-        "profile_over_dense_peak_rss": round(
-            steps["profile"]["peak_rss_mb"] / steps["dense"]["peak_rss_mb"], 3
-        ),
-        "profile_over_slicing_peak_rss": round(
-            steps["profile"]["peak_rss_mb"] / steps["slice"]["peak_rss_mb"], 3
-        ),
-    }
+    ratios: dict[str, Any] = {"steps": steps}
+    if "profile" in steps:
+        for other in steps.keys() - {"profile"}:
+            name = "slicing" if other == "slice" else other
+            for key, label in (("wall_s", "wall"), ("peak_rss_mb", "peak_rss")):
+                ratios[f"profile_over_{name}_{label}"] = round(steps["profile"][key] / steps[other][key], 3)
+    return ratios
 
 
 # -------------------------------------------------------------------------------------- profiles
@@ -217,14 +243,17 @@ def taylor_tracking(client: Any, model: str, corpus: str) -> dict[str, Any]:
     }
 
 
-def headline(backtests: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per predictor, curve and sparsity: the zero-point and the one-point (s = ANCHOR) errors."""
+ZERO_POINT_MODES = ("zero-points, leave-one-curve-out", "zero-points, leave-one-model-out")
+
+
+def headline(backtests: dict[str, Any], anchor: float = ANCHOR) -> list[dict[str, Any]]:
+    """Per predictor, curve and sparsity: the zero-point and the one-point (s = anchor) errors."""
     rows = []
     for item in backtests["items"]:
         for point in item["points"] or []:
-            if item["mode"] == "one-point" and not point["fitted_on"].startswith(f"s = {ANCHOR:g}"):
+            if item["mode"] == "one-point" and not point["fitted_on"].startswith(f"s = {anchor:g}"):
                 continue
-            if item["mode"] not in ("one-point", "zero-points, leave-one-curve-out"):
+            if item["mode"] not in ("one-point", *ZERO_POINT_MODES):
                 continue
             rows.append(
                 {
@@ -251,7 +280,7 @@ def _mean_ape(group: list[dict[str, Any]]) -> float:
     return round(sum(apes) / len(apes), 4)
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarise(rows: list[dict[str, Any]], anchor: float = ANCHOR) -> list[dict[str, Any]]:
     """MAPE per predictor, mode and curve over the headline rows."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -262,7 +291,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "predictor": predictor,
-                "mode": mode if mode != "one-point" else f"one-point (s = {ANCHOR:g})",
+                "mode": mode if mode != "one-point" else f"one-point (s = {anchor:g})",
                 "curve": curve,
                 "n": len(group),
                 "mape": _mean_ape(group),
@@ -296,7 +325,9 @@ def main() -> None:
             "cpu_count": os.cpu_count(),
         },
         "calibration": CALIBRATION,
-        "sparsities": SPARSITIES,
+        "sparsities": args.sparsities,
+        "model": args.model,
+        "method": args.method,
     }
     settings = settings_for(args)
     upgrade(settings.store_url)
@@ -314,7 +345,7 @@ def main() -> None:
                             "num_sequences": args.calibration_sequences,
                             "seed": args.calibration_seed,
                         },
-                        "sparsities": SPARSITIES,
+                        "sparsities": args.sparsities,
                         "lens_tokens": args.lens_tokens,
                         "measured_on": None
                         if args.measured_on is None
@@ -332,12 +363,14 @@ def main() -> None:
         report["lens_taylor_tracking"] = {
             corpus: taylor_tracking(client, args.model, corpus) for corpus in args.corpora
         }
-        backtests = client.get("/v1/backtests", params={"points": True}).json()
+        backtests = client.get("/v1/backtests", params={"points": True, "method": args.method}).json()
         report["backtests"] = backtests
-        report["headline"] = headline(backtests)
-        report["headline_summary"] = summarise(report["headline"])
+        report["headline"] = headline(backtests, args.anchor)
+        report["headline_summary"] = summarise(report["headline"], args.anchor)
         model = backtests["curves"][0]["model"] if backtests["curves"] else args.model
-        answer = client.post("/v1/predictions", json={"model": model, "sparsities": SPARSITIES})
+        answer = client.post(
+            "/v1/predictions", json={"model": model, "method": args.method, "sparsities": args.sparsities}
+        )
         report["prediction"] = answer.json()
     if not args.skip_cost:
         report["cost"] = measure_cost(args)

@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m", help="packaged alias or local folder")
+    parser.add_argument("--method", default="slicegpt", help="any pruning method a sweep takes")
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.4])
     parser.add_argument("--calibration-sequences", type=int, default=32)
     parser.add_argument("--calibration-length", type=int, default=256)
@@ -113,7 +114,7 @@ def main() -> None:
     body = {
         "kind": "sweep",
         "model": args.model,
-        "method": "slicegpt",
+        "method": args.method,
         "sparsities": args.sparsities,
         "calibration": {
             "corpus": args.calibration_corpus,

@@ -6,8 +6,8 @@ perplexity and, where the model was profiled under the same calibration, each fe
 each measured width. Modes, each scoring a prediction only on points its coefficient did not see:
 
 - `zero-points, leave-one-curve-out`: a feature law's coefficient pooled from every *other* curve of
-  the method (`core.feature_laws.pool`), and a power law's exponent too; the strict law and the
-  lens-KL sum at face value need none;
+  the method (`core.feature_laws.pool`), and a power law's exponent too; the strict law (slicing's
+  curves only) and the lens-KL sum at face value need none;
 - `zero-points, leave-one-model-out`: pooled only from curves of *other models*, the question a
   team with a new model asks;
 - `one-point`: each measured point of a curve in turn is the only one known; the feature laws update
@@ -28,6 +28,7 @@ from typing import Any
 
 from core import feature_laws, laws
 from core.feature_laws import Coefficient
+from core.methods import stored_method_entry
 from core.profiles import UNCALIBRATED_FEATURE
 
 
@@ -221,11 +222,18 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
         )
     ]
     scores.append(Score(FACE_VALUE, ZERO_CURVE, level, tuple(face)))
-    scores.append(Score(STRICT, ZERO_CURVE, level, tuple(p for c in curves for p in _strict(c))))
+    strict = tuple(p for c in curves if _strict_law_applies(c.method) for p in _strict(c))
+    scores.append(Score(STRICT, ZERO_CURVE, level, strict))
     for mode, one_point in ((ONE_POINT, True), (LOSO, False)):
         calibrated = tuple(p for c in curves for p in _calibrated(c, level, one_point=one_point))
         scores.append(Score(CALIBRATED, mode, level, calibrated))
     return scores
+
+
+def _strict_law_applies(method: str) -> bool:
+    """The strict law is a law of slicing; the other methods' curves are not scored by it."""
+    entry = stored_method_entry(method)
+    return entry is None or entry.strict_law_applies  # an unknown name (a published curve) is slicing's
 
 
 def _other_curves(curve: Curve, pool: Sequence[Curve]) -> list[Curve]:

@@ -4,14 +4,16 @@ aggregated over the stream (docs/science.md, "Predicting before pruning").
 Pure Python (no torch): the API answers predictions from stored profiles without the engine. A
 profile holds, per residual signal, the eigenvalues of its uncentred second moment, the share of
 each eigenvector in the energy of the normalised tokens (what a norm's readers see), and logit-lens
-readings at the profiled widths (`workers.profiling`). Every feature F(d) is 0 at d = D and grows
-as d shrinks; the feature laws (`core.feature_laws`) map it to ln PPL(s) - ln PPL0.
+readings at the profiled widths (`workers.profiling`), and per block linear the share of its output
+energy each unstructured mask rule would remove at the profiled sparsities. Every feature is 0 when
+nothing is pruned and grows with the sparsity; the feature laws (`core.feature_laws`) map it to
+ln PPL(s) - ln PPL0. Which features a method is predicted from: `METHOD_FEATURES`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CALIBRATION_KEYS = ("corpus", "data_sha256", "seed", "num_sequences", "seqlen")
@@ -93,18 +95,26 @@ def _weighted(signals: Sequence[SignalSpectrum], width: int) -> float:
 def lens_value(signal: SignalSpectrum, width: int, pick: Callable[[LensMeans], float]) -> float:
     """A lens reading at `width`: exact at a profiled width, linear in d between two profiled
     widths, 0 at d = D (nothing projected away); ValueError outside the profiled range."""
-    if width in signal.lens:
-        return pick(signal.lens[width])
     full = len(signal.eigenvalues)
-    known = {**{w: pick(m) for w, m in signal.lens.items()}, full: 0.0}
-    above = [w for w in known if w > width]
-    below = [w for w in known if w < width]
-    if not above or not below:
+    known: dict[float, float] = {**{w: pick(m) for w, m in signal.lens.items()}, full: 0.0}
+    value = _interpolated(known, width)
+    if value is None:
         raise ValueError(
             f"width {width} is outside the profiled widths {sorted(signal.lens)}; profile that sparsity"
         )
+    return value
+
+
+def _interpolated(known: Mapping[float, float], at: float) -> float | None:
+    """known[at], or linear between the nearest known points on either side; None outside them."""
+    if at in known:
+        return known[at]
+    above = [x for x in known if x > at]
+    below = [x for x in known if x < at]
+    if not above or not below:
+        return None
     hi, lo = min(above), max(below)
-    t = (width - lo) / (hi - lo)
+    t = (at - lo) / (hi - lo)
     return known[lo] + t * (known[hi] - known[lo])
 
 
@@ -172,3 +182,132 @@ def feature_value(name: str, signals: Sequence[SignalSpectrum], width: int) -> f
     if not signals:
         raise ValueError("the profile has no signals")
     return FEATURES[name].value(signals, width)
+
+
+# ---------------------------------------------------------------------- intra-layer mask errors
+
+MASK_RULES = ("wanda", "magnitude", "magnitude-row")
+"""The unstructured mask rules a profile measures (`workers.profiling.mask_errors`): Wanda's per-row
+|W| ||X||, one |W| threshold per layer, and |W| per row."""
+
+
+@dataclass(frozen=True)
+class LinearErrors:
+    """One block linear of a profile: e(s) = the share of its output energy a rule's mask removes,
+    at the profile's sparsities."""
+
+    layer: int
+    name: str
+    output_energy: float
+    errors: dict[str, tuple[float, ...]]  # rule -> e(s) at each of `sparsities`
+    sparsities: tuple[float, ...]
+
+    def error(self, rule: str, sparsity: float) -> float:
+        """e(s): exact at a profiled sparsity, linear in s between two (0 at s = 0); ValueError above
+        the largest profiled one or for a rule the profile did not measure."""
+        if rule not in self.errors:
+            raise ValueError(f"the profile has no {rule!r} mask errors; profile the model again")
+        value = _interpolated(
+            {0.0: 0.0, **dict(zip(self.sparsities, self.errors[rule], strict=True))}, sparsity
+        )
+        if value is None:
+            raise ValueError(
+                f"sparsity {sparsity:g} is outside the profiled sparsities {sorted(self.sparsities)}; "
+                "profile that sparsity"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class MaskFeature:
+    """An aggregate over the linears' e(s) of one mask rule, with why it is offered."""
+
+    name: str
+    description: str
+    value: Callable[[Sequence[LinearErrors], Sequence[float]], float]  # (linears, their e(s)) -> F
+
+
+def _depth_sum(linears: Sequence[LinearErrors], errors: Sequence[float]) -> float:
+    """Sum of e over every linear, divided by the linears per block: the mean block's error times
+    the depth, so that deeper models, whose errors compound over more blocks, score higher."""
+    per_block = len(linears) / max(len({linear.layer for linear in linears}), 1)
+    return math.fsum(errors) / per_block
+
+
+def _energy_weighted(linears: Sequence[LinearErrors], errors: Sequence[float]) -> float:
+    total = math.fsum(linear.output_energy for linear in linears)
+    lost = math.fsum(linear.output_energy * e for linear, e in zip(linears, errors, strict=True))
+    return lost / total if total > 0 else 0.0
+
+
+MASK_FEATURES: dict[str, MaskFeature] = {
+    feature.name: feature
+    for feature in (
+        MaskFeature(
+            "output-error-mean",
+            "mean over the block linears of the share of output energy the mask removes",
+            lambda _linears, errors: _mean(errors),
+        ),
+        MaskFeature(
+            "output-error-depth-sum",
+            "the summed output-energy shares over the linears, per linear of a block: the mean block's "
+            "error times the number of blocks it compounds over",
+            _depth_sum,
+        ),
+        MaskFeature(
+            "output-error-weighted",
+            "output energy removed over all linears, over their total output energy (large outputs dominate)",
+            _energy_weighted,
+        ),
+        MaskFeature(
+            "output-error-max",
+            "the linear that loses the largest share of its output energy",
+            lambda _linears, errors: max(errors),
+        ),
+    )
+}
+
+
+def mask_feature_value(name: str, linears: Sequence[LinearErrors], rule: str, sparsity: float) -> float:
+    """F_name at `sparsity` over the linears' e(s) of `rule`; KeyError for an unknown feature."""
+    if not linears:
+        raise ValueError("the profile has no mask errors; profile the model again")
+    return MASK_FEATURES[name].value(linears, [linear.error(rule, sparsity) for linear in linears])
+
+
+# ------------------------------------------------------------------------------ by method
+
+
+@dataclass(frozen=True)
+class MethodFeatures:
+    """What a profile predicts one pruning method from: slicing's spectra and lens readings at the
+    sliced width (`rule` None), or one mask rule's output errors at the sparsity."""
+
+    method: str
+    rule: str | None
+    note: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(FEATURES if self.rule is None else MASK_FEATURES)
+
+    def description(self, name: str) -> str:
+        return (FEATURES[name] if self.rule is None else MASK_FEATURES[name]).description
+
+
+METHOD_FEATURES: dict[str, MethodFeatures] = {
+    entry.method: entry
+    for entry in (
+        MethodFeatures("slicegpt", None, "slicing's spectra and lens readings at the sliced width"),
+        MethodFeatures("wanda", "wanda", "the output error of Wanda's masks on the dense inputs"),
+        MethodFeatures(
+            "sparsegpt",
+            "wanda",
+            "the output error of Wanda's masks on the dense inputs, a proxy: SparseGPT picks its own "
+            "masks and its reconstruction only lowers the error; the law's coefficient absorbs the gap",
+        ),
+        MethodFeatures("magnitude", "magnitude", "the output error of one |W| threshold per layer"),
+        MethodFeatures("magnitude-row", "magnitude-row", "the output error of a |W| threshold per row"),
+    )
+}
+"""The stored methods a profile predicts (unstructured only: N:M patterns and drops are not profiled)."""

@@ -245,6 +245,9 @@ class Profile(Base):
     signals: Mapped[list[ProfileSignal]] = relationship(
         back_populates="profile", cascade="all, delete-orphan", order_by="ProfileSignal.position"
     )
+    linears: Mapped[list[ProfileLinear]] = relationship(
+        back_populates="profile", cascade="all, delete-orphan", order_by="ProfileLinear.id"
+    )
 
 
 class ProfileSignal(Base):
@@ -263,3 +266,21 @@ class ProfileSignal(Base):
     token_energy: Mapped[list[float]] = mapped_column(JSON)  # the same for the normalised tokens
     lens: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{width, kl, kl_taylor, nll_increase}]
     profile: Mapped[Profile] = relationship(back_populates="signals")
+
+
+class ProfileLinear(Base):
+    """One block linear of a profile: e(s), the share of its output energy each unstructured mask
+    rule would remove at the profile's sparsities (`workers.profiling.mask_errors`)."""
+
+    __tablename__ = "profile_linears"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    layer: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))  # path in its block, e.g. "mlp.down_proj"
+    rows: Mapped[int] = mapped_column(Integer)
+    columns: Mapped[int] = mapped_column(Integer)
+    output_energy: Mapped[float] = mapped_column(Float)  # tr(W C W^T), mean squared output per token
+    errors: Mapped[dict[str, list[float]]] = mapped_column(JSON)  # rule -> e(s) per profile sparsity
+    profile: Mapped[Profile] = relationship(back_populates="linears")

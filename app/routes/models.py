@@ -64,17 +64,22 @@ def model_curves(
         Query(pattern=r"^(all|[1-9][0-9]{0,4})$", description="A number, `all`, or unset: any."),
     ] = None,
     dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None, Query()] = None,
+    source: Annotated[
+        Literal["measured", "published"],
+        Query(description="`published`: draw a published curve (`prunecast import-published`) instead."),
+    ] = "measured",
     level: Annotated[float, Query(ge=0.5, le=0.999, description="Coverage of the band.")] = DEFAULT_LEVEL,
     format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
 ) -> Response:
     """Measured points (dense baseline and pruned), the strict law (perplexity) and the calibrated
-    law with its band on a sparsity grid 0..0.9, for one model, method, metric and protocol.
+    law with its band on a sparsity grid 0..0.9, for one model, method, metric and protocol; with
+    `source=published`, a published curve's points instead (never mixed with measured ones).
 
     The protocol is chosen as in POST /v1/predictions (`protocol.selection` says which). With
     `format=svg` or `format=png` the same curve is drawn: measured points, strict law dashed,
     calibrated law with its shaded band.
     """
-    selector = selector_from(dataset, seqlen, max_windows, dtype)
+    selector = selector_from(dataset, seqlen, max_windows, dtype, source)
     curve = load_curve(services, model, method, metric, task, selector, level)
     if format == "json":
         return Response(curve.model_dump_json(), media_type="application/json")
@@ -104,11 +109,13 @@ def model_profile(
     seqlen: Annotated[int | None, Query(ge=16, le=32_768, description="Calibration window length.")] = None,
     seed: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="Calibration seed.")] = None,
     spectra: Annotated[bool, Query(description="Include every signal's full spectrum.")] = False,
+    linears: Annotated[bool, Query(description="Include every block linear's mask errors.")] = False,
     format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
 ) -> Response:
     """The newest profile of the model matching the filters: per residual signal the share of raw
     and normalised-token energy slicing would discard at each profiled width, and the lens readings
-    (that signal projected on its top-d eigenvectors, read through the final norm and head). With
+    (that signal projected on its top-d eigenvectors, read through the final norm and head), and
+    per intra-layer method the mask-error features its predictions use. With
     `format=svg` or `png`: the discarded token-energy share for every width, per signal, as a heatmap."""
     calibration = {"corpus": corpus, "num_sequences": num_sequences, "seqlen": seqlen, "seed": seed}
     profile = find_profile(session, services.settings, model, job_id, calibration)
@@ -121,7 +128,8 @@ def model_profile(
         )
     if format == "json":
         return Response(
-            profile_public(profile, spectra=spectra).model_dump_json(), media_type="application/json"
+            profile_public(profile, spectra=spectra, linears=linears).model_dump_json(),
+            media_type="application/json",
         )
     if format == "svg":
         return Response(profile_svg(profile), media_type=CURVE_MEDIA["svg"])

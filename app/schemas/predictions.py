@@ -91,6 +91,15 @@ class CallerPoint(StrictModel):
         return value
 
 
+class CalibrationSelector(StrictModel):
+    """The calibration windows the prune will use, to pick the profile made on the same ones."""
+
+    corpus: str | None = Field(None, max_length=64)
+    num_sequences: int | None = Field(None, ge=1, le=4096)
+    seqlen: int | None = Field(None, ge=16, le=32_768)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+
+
 class PredictionCreate(StrictModel):
     """What to predict. Measured points come from the store, or from `points` when you send them
     (then, per metric, only yours are used)."""
@@ -102,6 +111,12 @@ class PredictionCreate(StrictModel):
         "pattern appended: `wanda-2:4`).",
     )
     protocol: ProtocolSelector = Field(default_factory=ProtocolSelector)
+    calibration: CalibrationSelector | None = Field(
+        None,
+        description="The calibration the prune will use: `before_pruning` then answers from the newest "
+        "profile made on matching windows (every field given must match; null: the model's newest "
+        "profile). A profile predicts the pruning calibrated as it was profiled.",
+    )
     sparsities: list[Sparsity] = Field(
         min_length=1,
         max_length=MAX_PREDICTION_SPARSITIES,
@@ -264,6 +279,7 @@ class CurvePublic(BaseModel):
     protocol: ProtocolPublic
     level: float
     measured: list[PointPublic] = Field(description="The dense baseline (sparsity 0) and pruned points.")
+    source: str = Field("measured", description="`measured` here, or `published` (a paper's table).")
     strict: list[CurvePointPublic] | None = Field(description="Perplexity only; no band.")
     calibrated: list[CurvePointPublic] | None = Field(description="null without a pruned point.")
     calibration: CalibrationPublic | None

@@ -36,8 +36,20 @@ class SignalPublic(BaseModel):
     token_energy: list[float] | None = Field(None, description="With `spectra=true`: per eigenvector.")
 
 
+class LinearPublic(BaseModel):
+    """One block linear: the share of its output energy each mask rule removes at each sparsity."""
+
+    layer: int
+    name: str
+    rows: int
+    columns: int
+    output_energy: float = Field(description="tr(W C W^T): the mean squared output norm per token.")
+    errors: dict[str, list[float]] = Field(description="Mask rule -> e(s) at each of `sparsities`.")
+
+
 class ProfilePublic(BaseModel):
-    """A stored profile: what slicing to each width would discard, per residual signal."""
+    """A stored profile: what slicing to each width would discard, per residual signal, and what each
+    unstructured mask rule would remove from the block linears' outputs."""
 
     id: int
     job_id: str
@@ -53,6 +65,11 @@ class ProfilePublic(BaseModel):
     protocol: dict[str, Any] = Field(description="Lens tokens, dtype, device, timings, versions.")
     created_at: datetime
     signals: list[SignalPublic]
+    mask_features: dict[str, dict[str, list[float]]] = Field(
+        description="Per method the profile predicts from mask errors (wanda, sparsegpt, magnitude, "
+        "magnitude-row): each feature's value at each of `sparsities`. Empty for profiles without them."
+    )
+    linears: list[LinearPublic] | None = Field(None, description="With `linears=true`: every block linear.")
 
 
 class CoefficientPublic(BaseModel):
@@ -80,8 +97,10 @@ class BacktestPublic(BaseModel):
 
 class FeaturePredictedPublic(BaseModel):
     sparsity: float
-    width: int
-    feature: float = Field(description="The profile feature at this width, raised to the law's exponent.")
+    width: int | None = Field(description="SliceGPT's kept width d; null for the intra-layer methods.")
+    feature: float = Field(
+        description="The profile feature at this sparsity (slicing: at width d), to the law's exponent."
+    )
     value: float
     band: list[float]
     level: float

@@ -22,7 +22,7 @@ from app.services.series import (
     pooled_accuracy_prior,
 )
 from core.laws import DEFAULT_LEVEL
-from core.specs.profile import PROFILED_METHOD
+from core.profiles import METHOD_FEATURES
 
 
 def load_curve(
@@ -62,7 +62,8 @@ def load_curve(
         raise ProblemError(
             409, f"the stored points cannot be fitted: {error}", slug="unfittable-points"
         ) from error
-    if metric == PPL and method == PROFILED_METHOD:
+    curve.source = selector.source
+    if metric == PPL and method in METHOD_FEATURES and selector.source == "measured":
         curve.profile_predictor, curve.profile_predicted = _profile_curve(services, series, level)
     return curve
 
@@ -94,7 +95,13 @@ def _profile_curve(
     return chosen.predictor, points
 
 
-def selector_from(dataset: str, seqlen: int | None, max_windows: str | None, dtype: str | None) -> Selector:
+def selector_from(
+    dataset: str,
+    seqlen: int | None,
+    max_windows: str | None,
+    dtype: str | None,
+    source: Literal["measured", "published"] = "measured",
+) -> Selector:
     windows: int | Literal["all"] | None
     windows = None if max_windows is None else "all" if max_windows == "all" else int(max_windows)
-    return Selector(dataset=dataset, seqlen=seqlen, max_windows=windows, dtype=dtype)
+    return Selector(dataset=dataset, seqlen=seqlen, max_windows=windows, dtype=dtype, source=source)

@@ -22,7 +22,7 @@ from core.artifacts import remove_job_files
 from core.methods import METHODS
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.specs import JobCreate, ProbeJobCreate, ProfileJobCreate, PruneJobCreate, SweepJobCreate
-from core.specs.profile import PROFILED_METHOD
+from core.specs.profile import MASK_PROFILED_METHOD, PROFILED_METHOD
 from core.store import is_outage
 from core.tables import Artifact, Job, JobStatus, Result
 
@@ -126,8 +126,8 @@ def check_submission(services: Services, job: JobCreate, source: ModelSource) ->
         if job.artifact_job_id is not None:
             with services.store.sessions() as session:
                 check_artifact_job(session, job.artifact_job_id, source.model_id)
-    elif isinstance(job, ProfileJobCreate):  # a profile measures what slicing would discard
-        check_prunable(source, PROFILED_METHOD, job.sparsities, job.round_to)
+    elif isinstance(job, ProfileJobCreate):
+        check_profilable(source, job.sparsities, job.round_to)
 
 
 def check_prunable(
@@ -138,6 +138,19 @@ def check_prunable(
     if source.config is None:
         return
     refusal = METHODS[method].refusal(source.config, sparsities, round_to, layout)
+    if refusal is not None:
+        raise ProblemError(422, refusal.reason, slug=refusal.slug, title=refusal.title)
+
+
+def check_profilable(source: ModelSource, sparsities: Sequence[float], round_to: int) -> None:
+    """A profile measures what slicing would discard and what the masks would remove: a model slicing
+    refuses for its architecture is still profiled (block outputs and mask errors) when the
+    intra-layer pruners take it; sparsities slicing refuses are refused."""
+    if source.config is None:
+        return
+    refusal = METHODS[PROFILED_METHOD].refusal(source.config, sparsities, round_to)
+    if refusal is not None and refusal.slug == "unsupported-architecture":
+        refusal = METHODS[MASK_PROFILED_METHOD].refusal(source.config, sparsities, round_to)
     if refusal is not None:
         raise ProblemError(422, refusal.reason, slug=refusal.slug, title=refusal.title)
 

@@ -48,8 +48,8 @@ from app.services.series import (
 from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
 from core.methods import stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
+from core.profiles import METHOD_FEATURES
 from core.specs import JobCreate
-from core.specs.profile import PROFILED_METHOD
 from core.store import Store
 from core.tables import Job, JobStatus
 
@@ -93,7 +93,7 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
     }
     items = [_metric_prediction(series[key], body, priors.get(key)) for key in wanted]
     for item in items:
-        if item.metric == PPL and body.method == PROFILED_METHOD:
+        if item.metric == PPL and body.method in METHOD_FEATURES:
             item.before_pruning = _before_pruning(store, [model, body.model], body, item.baseline.value)
     answer = PredictionPublic(model=model, method=body.method, level=body.level, metrics=items)
     return Response(answer.model_dump_json(), media_type="application/json")
@@ -108,7 +108,13 @@ def _before_pruning(
     try:
         with store.session() as session:
             answer = predict_before_pruning(
-                session, sorted(set(model_ids)), body.method, ppl0, body.sparsities, body.level
+                session,
+                sorted(set(model_ids)),
+                body.method,
+                ppl0,
+                body.sparsities,
+                body.level,
+                None if body.calibration is None else body.calibration.model_dump(),
             )
     except ValueError as error:
         log.warning("no prediction from the profile", model=body.model, reason=str(error))

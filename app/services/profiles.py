@@ -2,8 +2,10 @@
 backtests over them, and the predictions a profile gives a model before it is pruned.
 
 A curve is a stored perplexity fit (a `sweep`'s points and dense baseline); its features come from
-the newest profile of the same model under the same calibration windows (`CALIBRATION_KEYS`). A
-fit without such a profile still scores the strict and calibrated laws, not the feature laws.
+the newest profile of the same model under the same calibration windows (`CALIBRATION_KEYS`), the
+ones its method is predicted from (`METHOD_FEATURES`: slicing's spectra and lens readings, or a mask
+rule's output errors). A fit without such a profile still scores the calibrated laws (and slicing's
+strict law), not the feature laws.
 Pure arithmetic over a few indexed reads (no torch).
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -26,6 +28,7 @@ from app.schemas.profiles import (
     CurvePublic,
     FeaturePredictedPublic,
     LensPublic,
+    LinearPublic,
     PredictorPublic,
     ProfilePublic,
     SignalPublic,
@@ -48,11 +51,13 @@ from core.model_sources import ModelSourceError, resolve_model
 from core.param_count import sliced_width
 from core.profiles import (
     CALIBRATION_KEYS,
-    FEATURES,
+    METHOD_FEATURES,
     UNCALIBRATED_FEATURE,
     LensMeans,
+    LinearErrors,
     SignalSpectrum,
     feature_value,
+    mask_feature_value,
 )
 from core.published import PUBLISHED
 from core.settings import Settings
@@ -72,10 +77,11 @@ def calibration_key(calibration: dict[str, Any] | None) -> CalibrationKey:
 
 @dataclass(frozen=True)
 class StoredProfile:
-    """A `profiles` row with its signals read as spectra."""
+    """A `profiles` row with its signals read as spectra and its linears' mask errors."""
 
     row: Profile
     signals: list[SignalSpectrum]
+    linears: list[LinearErrors] = field(default_factory=list)
 
     @property
     def calibration(self) -> dict[str, Any]:
@@ -89,9 +95,25 @@ class StoredProfile:
     def width(self, sparsity: float) -> int:
         return sliced_width(self.row.hidden_size, sparsity, self.round_to)
 
-    def feature(self, name: str, sparsity: float) -> float:
-        """F_name at slicing's width for `sparsity`; ValueError outside the profiled lens widths."""
-        return feature_value(name, self.signals, self.width(sparsity))
+    def offers(self, method: str) -> bool:
+        """Whether this profile predicts `method`: slicing needs a model slicing takes, the intra-layer
+        methods need mask errors of their rule."""
+        entry = METHOD_FEATURES.get(method)
+        if entry is None:
+            return False
+        if entry.rule is None:
+            return not self.row.protocol.get("slicing_refusal") and bool(self.signals)
+        return any(entry.rule in linear.errors for linear in self.linears)
+
+    def feature(self, method: str, name: str, sparsity: float) -> float:
+        """F_name for `method` at `sparsity` (slicing's: at the sliced width); ValueError outside the
+        profiled range, or for a method the profile does not offer."""
+        if not self.offers(method):
+            raise ValueError(f"this profile does not predict {method}")
+        rule = METHOD_FEATURES[method].rule
+        if rule is None:
+            return feature_value(name, self.signals, self.width(sparsity))
+        return mask_feature_value(name, self.linears, rule, sparsity)
 
 
 def stored_profile(row: Profile) -> StoredProfile:
@@ -110,14 +132,28 @@ def stored_profile(row: Profile) -> StoredProfile:
         )
         for signal in row.signals
     ]
-    return StoredProfile(row, signals)
+    sparsities = tuple(float(s) for s in row.sparsities)
+    linears = [
+        LinearErrors(
+            linear.layer,
+            linear.name,
+            linear.output_energy,
+            {rule: tuple(values) for rule, values in linear.errors.items()},
+            sparsities,
+        )
+        for linear in row.linears
+    ]
+    return StoredProfile(row, signals, linears)
+
+
+_PROFILE_PARTS = (selectinload(Profile.signals), selectinload(Profile.linears))
 
 
 def newest_profiles(
     session: Session, model_ids: Sequence[str] | None = None
 ) -> dict[tuple[str, CalibrationKey], StoredProfile]:
     """The newest profile per (model, calibration windows), for the given models (None: all)."""
-    query = select(Profile).options(selectinload(Profile.signals)).order_by(Profile.id.desc())
+    query = select(Profile).options(*_PROFILE_PARTS).order_by(Profile.id.desc())
     if model_ids is not None:
         query = query.where(Profile.model_id.in_(list(model_ids)))
     newest: dict[tuple[str, CalibrationKey], StoredProfile] = {}
@@ -136,7 +172,7 @@ def find_profile(
     ids = [model]
     with contextlib.suppress(ModelSourceError):  # an id no source resolves is matched as given
         ids.append(resolve_model(model, settings).model_id)
-    query = select(Profile).options(selectinload(Profile.signals)).where(Profile.model_id.in_(ids))
+    query = select(Profile).options(*_PROFILE_PARTS).where(Profile.model_id.in_(ids))
     if job_id is not None:
         query = query.where(Profile.job_id == job_id)
     for row in session.scalars(query.order_by(Profile.id.desc())):
@@ -160,7 +196,7 @@ def curve_label(fit: Fit) -> str:
 
 def store_curves(session: Session, method: str) -> list[Curve]:
     """Every stored perplexity fit of `method` as a curve (the newest per label), with the features
-    of its model's matching profile when there is one."""
+    of its model's matching profile when there is one that predicts `method`."""
     fits = session.scalars(
         select(Fit).where(Fit.method == method, Fit.metric == "ppl").order_by(Fit.id.desc())
     ).all()
@@ -178,19 +214,23 @@ def store_curves(session: Session, method: str) -> list[Curve]:
         if not points or not (math.isfinite(fit.baseline) and fit.baseline > 1.0):
             continue
         profile = profiles.get((fit.model_id, calibration_key(fit.protocol.get("calibration"))))
-        features = {} if profile is None else _features_at(profile, [s for s, _ in points])
+        features = {} if profile is None else _features_at(profile, method, [s for s, _ in points])
         calibration = calibration_key(fit.protocol.get("calibration"))
         curves[label] = Curve(label, fit.model_id, method, fit.baseline, points, features, calibration)
     return list(curves.values())
 
 
-def _features_at(profile: StoredProfile, sparsities: Sequence[float]) -> dict[str, tuple[float, ...]]:
-    """Each feature at each sparsity; a feature the profile cannot give at some sparsity (a lens
-    width outside the profiled range) is left out."""
+def _features_at(
+    profile: StoredProfile, method: str, sparsities: Sequence[float]
+) -> dict[str, tuple[float, ...]]:
+    """Each of `method`'s features at each sparsity; a feature the profile cannot give at some
+    sparsity (outside the profiled range), or at all, is left out."""
+    if not profile.offers(method):
+        return {}
     features = {}
-    for name in FEATURES:
+    for name in METHOD_FEATURES[method].names:
         try:
-            features[name] = tuple(profile.feature(name, s) for s in sparsities)
+            features[name] = tuple(profile.feature(method, name, s) for s in sparsities)
         except ValueError:
             continue
     return features
@@ -216,6 +256,7 @@ class PredictorAnswer:
 @dataclass(frozen=True)
 class BeforePruning:
     profile: StoredProfile
+    method: str
     own_points: int
     mode: str  # the backtest mode that matches what is known of this model
     predictors: list[PredictorAnswer]
@@ -230,17 +271,25 @@ def predict_before_pruning(
     ppl0: float,
     sparsities: Sequence[float],
     level: float,
+    calibration: dict[str, Any] | None = None,
 ) -> BeforePruning | None:
-    """The feature laws' predictions for the newest profile of the model (None without one): each
+    """The feature laws' predictions for the newest profile of the model that predicts `method` and
+    whose calibration record matches every non-null field of `calibration` (None without one): each
     coefficient pooled from the store's other curves (other models, and this model under other
     calibrations), updated with this model's own points under the profile's calibration. The
     predictor with the lowest backtest MAPE in the mode that matches what is known is chosen: one
     point when the model has points under this calibration (conservative: all of them are used),
     leave-one-curve-out when it has curves under other calibrations only, else leave-one-model-out."""
-    profiles = newest_profiles(session, model_ids)
+    wanted = {key: value for key, value in (calibration or {}).items() if value is not None}
+    profiles = [
+        p
+        for p in newest_profiles(session, model_ids).values()
+        if p.offers(method) and all(p.calibration.get(key) == value for key, value in wanted.items())
+    ]
     if not profiles:
         return None
-    profile = max(profiles.values(), key=lambda p: p.row.id)
+    profile = max(profiles, key=lambda p: p.row.id)
+    entry = METHOD_FEATURES[method]
     curves = store_curves(session, method)
     model = profile.row.model_id
     own_key = calibration_key(profile.calibration)
@@ -252,7 +301,7 @@ def predict_before_pruning(
         mode = ZERO_CURVE if any(c.model == model for c in others) else ZERO_MODEL
     scores = {(s.predictor, s.mode): s for s in backtest(curves, level=level)}
     answers = []
-    for law in (FeatureLaw(name, power) for name in FEATURES for power in (False, True)):
+    for law in (FeatureLaw(name, power) for name in entry.names for power in (False, True)):
         fit = law_prior(law, others)
         if fit is None:
             continue
@@ -266,7 +315,7 @@ def predict_before_pruning(
         values = []
         try:
             for s in sparsities:
-                f = profile.feature(law.feature, s) if s > 0 else 0.0
+                f = profile.feature(method, law.feature, s) if s > 0 else 0.0
                 prediction = feature_laws.predict(ppl0, f, coefficient, level, fit.exponent, anchor)
                 values.append((s, f**fit.exponent.value, prediction))
         except ValueError:
@@ -275,7 +324,7 @@ def predict_before_pruning(
             PredictorAnswer(
                 law.predictor,
                 law.feature,
-                FEATURES[law.feature].description,
+                entry.description(law.feature),
                 law.power,
                 fit.exponent,
                 coefficient,
@@ -284,8 +333,13 @@ def predict_before_pruning(
             )
         )
     chosen, reason = _choose(answers, scores, mode)
+    if not answers:
+        reason = (
+            f"no measured {method} curve of a profiled model in the store to learn the laws' coefficients "
+            f"from: sweep {method} on a model and profile it under the sweep's calibration"
+        )
     return BeforePruning(
-        profile, 0 if own_curve is None else len(own_curve.points), mode, answers, chosen, reason
+        profile, method, 0 if own_curve is None else len(own_curve.points), mode, answers, chosen, reason
     )
 
 
@@ -334,8 +388,9 @@ def _choose(
 # ------------------------------------------------------------------------------------- public
 
 
-def profile_public(profile: StoredProfile, *, spectra: bool = False) -> ProfilePublic:
-    """A stored profile as the API shows it: discarded shares and lens readings at its widths."""
+def profile_public(profile: StoredProfile, *, spectra: bool = False, linears: bool = False) -> ProfilePublic:
+    """A stored profile as the API shows it: discarded shares and lens readings at its widths, and
+    the mask-error features at its sparsities."""
     row = profile.row
     signals = []
     for signal, stored in zip(profile.signals, row.signals, strict=True):
@@ -369,6 +424,14 @@ def profile_public(profile: StoredProfile, *, spectra: bool = False) -> ProfileP
         protocol=protocol,
         created_at=row.created_at,
         signals=signals,
+        mask_features={
+            method: {name: [profile.feature(method, name, s) for s in row.sparsities] for name in entry.names}
+            for method, entry in METHOD_FEATURES.items()
+            if entry.rule is not None and profile.offers(method)
+        },
+        linears=[LinearPublic.model_validate(linear, from_attributes=True) for linear in row.linears]
+        if linears
+        else None,
     )
 
 
@@ -444,7 +507,7 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
                 predictions=[
                     FeaturePredictedPublic(
                         sparsity=s,
-                        width=profile.width(s),
+                        width=profile.width(s) if METHOD_FEATURES[answer.method].rule is None else None,
                         feature=f,
                         value=p.value,
                         band=list(p.band),

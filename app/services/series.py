@@ -99,6 +99,7 @@ class Selector:
     seqlen: int | None = None
     max_windows: int | Literal["all"] | None = None
     dtype: str | None = None
+    source: Literal["measured", "published"] = "measured"  # published points never join measured ones
 
     def matches(self, seqlen: int | None, max_windows: int | None, dtype: str | None) -> bool:
         if self.seqlen is not None and seqlen != self.seqlen:
@@ -219,7 +220,7 @@ _SERIES_QUERY = (
     .where(
         Result.model_id == bindparam("model"),
         Result.method.in_([bindparam("dense"), bindparam("method")]),
-        Result.source == "measured",
+        Result.source == bindparam("source"),
     )
     .order_by(Result.id.desc())
     .limit(MAX_ROWS)
@@ -257,7 +258,8 @@ def load_series(
     wanted_rows = {(metric, selector.dataset if metric == PPL else str(task)) for metric, task in wanted}
     ppl_groups: dict[tuple[int | None, int | None, str | None], _Group] = {}
     acc_groups: dict[SeriesKey, _Group] = {}
-    for row in store.read(_SERIES_QUERY, {"model": model, "dense": DENSE, "method": method}):
+    parameters = {"model": model, "dense": DENSE, "method": method, "source": selector.source}
+    for row in store.read(_SERIES_QUERY, parameters):
         if (row.metric, row.dataset) not in wanted_rows:
             continue  # other metrics of the model: a few rows, cheaper than a query built per request
         if row.metric == PPL:

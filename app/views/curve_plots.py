@@ -51,7 +51,8 @@ def title_of(curve: CurvePublic) -> str:
         detail = ", ".join(part for part in parts if part)
     else:
         detail = f"chance {protocol.chance:.3g}" if protocol.chance is not None else "chance unknown"
-    return f"{curve.model} - {curve.method} - {what} ({detail})"
+    published = " - published" if curve.source == "published" else ""
+    return f"{curve.model} - {curve.method} - {what} ({detail}){published}"
 
 
 def _values(points: list[Any] | None, attr: str) -> list[float]:
@@ -119,7 +120,7 @@ def figure(curve: CurvePublic) -> Figure:
         color=MEASURED_COLOR,
         zorder=5,
         s=28,
-        label="measured",
+        label=curve.source,
     )
     ax.set_xlim(0.0, 0.9)
     ax.set_ylim(low, high)

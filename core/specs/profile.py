@@ -10,7 +10,10 @@ from core.specs.common import CalibrationSpec, ModelSpec
 from core.specs.pruning import ROUND_TO_DESCRIPTION
 
 PROFILED_METHOD = "slicegpt"
-"""The method a profile predicts: its widths, spectra and projections are SliceGPT's (per-layer layout)."""
+"""The method whose windows a profile draws and whose widths its spectra and lens readings are taken
+at (per-layer layout); the mask errors serve the intra-layer methods (`core.profiles.METHOD_FEATURES`)."""
+MASK_PROFILED_METHOD = "wanda"
+"""What a model slicing refuses must still be prunable by, for its profile's mask errors."""
 DEFAULT_PROFILE_SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)
 MAX_PROFILE_SPARSITIES = 20
 MAX_LENS_TOKENS = 65_536
@@ -18,10 +21,13 @@ MAX_LENS_TOKENS = 65_536
 
 class ProfileJobCreate(ModelSpec):
     """Profile a dense model for the predictors (`POST /v1/predictions` uses stored profiles): one pass
-    over the calibration windows a SliceGPT prune would use, block by block, storing per residual
-    signal the eigenvalues of its second moment, the token energy per eigenvector, and logit-lens
-    readings (KL, its Taylor estimate, NLL increase) when the signal is projected on its top-d
-    eigenvectors, at each sparsity's width d. Read it back at `GET /v1/models/{model}/profile`."""
+    over the calibration windows a prune would use, block by block, storing per residual signal the
+    eigenvalues of its second moment, the token energy per eigenvector, and logit-lens readings (KL,
+    its Taylor estimate, NLL increase) when the signal is projected on its top-d eigenvectors, at
+    each sparsity's width d; and per block linear the share of its output energy the Wanda,
+    magnitude and per-row magnitude masks would remove at each sparsity (what predicts wanda,
+    sparsegpt, magnitude and magnitude-row). A model slicing refuses (Gemma) is profiled by its block
+    outputs and mask errors only. Read it back at `GET /v1/models/{model}/profile`."""
 
     kind: Literal["profile"]
     calibration: CalibrationSpec = Field(

@@ -112,3 +112,78 @@ def test_a_profile_measured_on_other_windows_records_them(
     assert profile["calibration"]["seed"] == 42  # the basis is still the calibration's
     signal = profile["signals"][-1]
     assert sum(signal["energy"]) == pytest.approx(1.0) and signal["energy"] != signal["token_energy"]
+
+
+MASK_FEATURES = {"output-error-mean", "output-error-depth-sum", "output-error-weighted", "output-error-max"}
+
+
+def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    calibrations = [CALIBRATION, {**CALIBRATION, "seed": 7}]  # two curves of one model
+    profile_jobs = []
+    for calibration in calibrations:
+        profile = profile_body(model, calibration=calibration, sparsities=[0.25, 0.5], lens_tokens=0)
+        profile_jobs.append(api.post("/v1/jobs", json=profile).json()["id"])
+        wait_done(api, profile_jobs[-1], worker)
+        sweep = sweep_body(model, [0.25, 0.5], method="wanda", calibration=calibration)
+        wait_done(api, api.post("/v1/jobs", json=sweep).json()["id"], worker)
+
+    profile = api.get(f"/v1/models/{model}/profile", params={"linears": True}).json()
+    assert set(profile["mask_features"]) == {"wanda", "sparsegpt", "magnitude", "magnitude-row"}
+    wanda = profile["mask_features"]["wanda"]
+    assert set(wanda) == MASK_FEATURES and all(0 < a < b for a, b in wanda.values())
+    assert len(profile["linears"]) == 7 * profile["num_layers"]
+    assert set(profile["linears"][0]["errors"]) == {"wanda", "magnitude", "magnitude-row"}
+
+    backtests = api.get("/v1/backtests", params={"method": "wanda", "points": True}).json()
+    assert len(backtests["curves"]) == 2
+    assert all(set(c["features"]) == MASK_FEATURES for c in backtests["curves"])
+    scored = {(item["predictor"], item["mode"]): item for item in backtests["items"]}
+    held_out = scored[("feature law: output-error-depth-sum", "zero-points, leave-one-curve-out")]
+    assert held_out["n"] == 4 and held_out["curves"] == 2
+    assert not any(predictor == "strict law" for predictor, _ in scored)  # a law of slicing only
+
+    body = {
+        "model": model,
+        "method": "wanda",
+        "sparsities": [0.5],
+        "protocol": {"seqlen": 64, "max_windows": 2},
+    }
+    [metric] = api.post("/v1/predictions", json=body).json()["metrics"]
+    before = metric["before_pruning"]
+    assert before["own_points"] == 2 and before["mode"] == "one-point"  # the newest profile: seed 7
+    assert {p["feature"] for p in before["predictors"]} == MASK_FEATURES
+    assert before["chosen"] is not None and "lowest backtest error" in before["reason"]
+    assert all(p["predictions"][0]["width"] is None for p in before["predictors"])
+    assert before["profile_job_id"] == profile_jobs[1]
+    for seed, profile_job in ((42, profile_jobs[0]), (99, None)):  # the profile of the prune's windows
+        [metric] = api.post("/v1/predictions", json={**body, "calibration": {"seed": seed}}).json()["metrics"]
+        chosen = metric["before_pruning"]
+        assert (chosen and chosen["profile_job_id"]) == profile_job
+    sliced = api.post("/v1/predictions", json={**body, "method": "slicegpt"})
+    assert sliced.status_code in (200, 409)  # no slicing curve: the mask errors never answer for it
+    if sliced.status_code == 200:
+        [metric] = sliced.json()["metrics"]
+        assert metric["before_pruning"] is None or all(
+            p["feature"] not in MASK_FEATURES for p in metric["before_pruning"]["predictors"]
+        )
+
+
+def test_a_family_slicing_refuses_is_profiled_for_the_intra_layer_methods(
+    api: TestClient, start_worker: Any, model_root: Path
+) -> None:
+    from tests.tiny_models import build_tiny_causal_lm
+
+    worker = start_worker()
+    model = str(build_tiny_causal_lm(model_root / "tiny-gemma3", "gemma3_text"))
+    job = api.post("/v1/jobs", json=profile_body(model, lens_tokens=0))
+    assert job.status_code == 202, job.text
+    wait_done(api, job.json()["id"], worker)
+    profile = api.get(f"/v1/models/{model}/profile").json()
+    assert "norm" in profile["protocol"]["slicing_refusal"]
+    assert {s["kind"] for s in profile["signals"]} == {"embedding", "output"}
+    assert "wanda" in profile["mask_features"]
+    assert_problem(api.post("/v1/jobs", json=sweep_body(model, [0.25])), 422)  # slicing still refuses it

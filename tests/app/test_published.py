@@ -52,6 +52,22 @@ def test_backtests_score_the_strict_law_on_published_curves_and_predictions_igno
     assert metric["baseline"]["value"] == 30.0 and [p["value"] for p in metric["fitted_on"]] == [40.0]
 
 
+def test_a_published_curve_is_drawn_as_its_own_source(api: TestClient, clean_store: Store) -> None:
+    with clean_store.session() as session:
+        import_published(session)
+    path = "/v1/models/facebook/opt-125m/curves"
+    assert api.get(path).status_code == 404  # nothing measured: published points do not stand in
+    curve = api.get(path, params={"source": "published"}).json()
+    assert curve["source"] == "published" and curve["measured"][0]["value"] == pytest.approx(27.64)
+    assert [p["sparsity"] for p in curve["measured"]] == [0.0, 0.1, 0.2, 0.25, 0.3]
+    assert curve["calibrated"] is not None and curve["profile_predictor"] is None
+    drawn = api.get(path, params={"source": "published", "format": "svg"})
+    assert drawn.status_code == 200 and "published" in drawn.text
+    add_series(clean_store, "facebook/opt-125m", 30.0, [(0.25, 40.0)], protocol=ppl_protocol())
+    measured = api.get(path).json()
+    assert measured["source"] == "measured" and [p["value"] for p in measured["measured"]] == [30.0, 40.0]
+
+
 def test_the_cli_imports_published_curves(tmp_path: Path) -> None:
     env = {"PRUNECAST_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for expected in ("2 curve(s) imported", "every published curve is in the store"):

@@ -13,7 +13,7 @@ from sqlalchemy import inspect, select, text
 
 from core.migrate import alembic_config, pending_migrations, upgrade
 from core.store import Store, make_engine
-from core.tables import Base, Fit, Job, ProbePoint
+from core.tables import Base, Fit, Job, ProbePoint, Profile
 from tests.conftest import scratch_database
 
 
@@ -30,9 +30,10 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0007 added jobs.parent_id, 0006 the probe points' spread, 0005 the profile tables, 0004
-# jobs.progress_at, 0003 probe_points.probe.
-BEFORE_0007 = {**EXPECTED, "jobs": EXPECTED["jobs"] - {"parent_id"}}
+# Revision 0008 added profile_linears, 0007 jobs.parent_id, 0006 the probe points' spread, 0005 the
+# profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0008 = {name: columns for name, columns in EXPECTED.items() if name != "profile_linears"}
+BEFORE_0007 = {**BEFORE_0008, "jobs": EXPECTED["jobs"] - {"parent_id"}}
 SPREAD = {"n", "stderr", "value_min", "value_max"}
 BEFORE_0006 = {**BEFORE_0007, "probe_points": EXPECTED["probe_points"] - SPREAD}
 BEFORE_0005 = {
@@ -273,4 +274,37 @@ def test_parent_migration_keeps_every_job_and_its_results_and_downgrades_back(
     store = Store(url)
     with store.session() as session:
         assert session.scalar(text("SELECT count(*) FROM results")) == 1  # nothing cascaded away
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_profile_linears_migration_keeps_old_profiles_without_linears_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0007")
+    assert _schema(url) == BEFORE_0008
+    store = Store(url)
+    _insert_job(store, "job-1", "profile", status="succeeded")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO profiles (job_id, model_id, family, hidden_size, num_layers, protocol, "
+                "sparsities, widths, created_at) VALUES ('job-1', 'm', 'llama', 8, 1, '{}', '[0.5]', '[4]', "
+                "CURRENT_TIMESTAMP)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        profile = session.scalars(select(Profile)).one()
+        assert profile.linears == []
+    store.dispose()
+    command.downgrade(alembic_config(url), "0007")
+    assert _schema(url) == BEFORE_0008
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalar(text("SELECT count(*) FROM profiles")) == 1
     store.dispose()

@@ -1,4 +1,5 @@
-"""`profile` jobs: one dense pass that measures what slicing would discard (workers.profiling).
+"""`profile` jobs: one dense pass that measures what slicing, and each unstructured mask rule, would
+discard (workers.profiling).
 
 Stages and the share of the job's progress each one covers:
 
@@ -8,7 +9,8 @@ Stages and the share of the job's progress each one covers:
     profiling      0.10-1.00  detail "block i/L"
 
 Stored: one `profiles` row (calibration record, widths, timings, versions) with one
-`profile_signals` row per residual signal (spectrum, token energies, lens readings). What a profile
+`profile_signals` row per residual signal (spectrum, token energies, lens readings) and one
+`profile_linears` row per block linear (each mask rule's output error per sparsity). What a profile
 costs against a dense pass and a slicing run is measured by `bench/predict_smollm2.py`.
 """
 
@@ -18,7 +20,7 @@ import time
 from dataclasses import asdict
 
 from core.specs.profile import PROFILED_METHOD, ProfileJobCreate
-from core.tables import Profile, ProfileSignal
+from core.tables import Profile, ProfileLinear, ProfileSignal
 from workers.context import JobContext, JobFailure
 from workers.environment import run_environment
 from workers.kinds.prune_steps import draw_calibration, lap
@@ -82,6 +84,8 @@ def run(context: JobContext) -> None:
         "measured_tokens": report.measured_tokens,
         "round_to": spec.round_to,
         "lens_tokens": report.lens_tokens,
+        "mask_rules": report.mask_rules,
+        "slicing_refusal": report.slicing_refusal,  # null: sliceable; else only block outputs profiled
         "calibration_tokens": report.calibration_tokens,
         "dtype": report.dtype,
         "device": report.device,
@@ -111,6 +115,7 @@ def run(context: JobContext) -> None:
             )
             for signal in report.signals
         ],
+        linears=[ProfileLinear(job_id=context.job_id, **asdict(linear)) for linear in report.linears],
     )
     context.add_profiles([profile])
     context.log.info(
@@ -124,5 +129,6 @@ def _engine_timings(report: ProfileReport) -> dict[str, float]:
         "capture": round(float(report.timings.get("capture", 0.0)), 3),
         "blocks": round(float(sum(blocks)), 3),
         "lens": round(float(report.timings.get("lens", 0.0)), 3),
+        "masks": round(float(report.timings.get("masks", 0.0)), 3),
         "total": round(float(report.timings.get("total", 0.0)), 3),
     }

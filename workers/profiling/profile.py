@@ -28,7 +28,12 @@ final norm reads) it keeps:
   float32 whatever the model dtype.
 
 LayerNorm families (OPT, GPT-2, ...) are sliced after their mean is removed, so their signals are
-profiled centred (x - mean(x)), as slicing's PCAs see them.
+profiled centred (x - mean(x)), as slicing's PCAs see them. A family slicing refuses (Gemma's
+post-branch norms) runs each block whole and profiles only the block outputs; its slicing refusal
+is reported, and what the profile offers it is the mask errors below.
+
+Per block linear, the same pass also measures what each unstructured mask rule would remove at
+each sparsity (`workers.profiling.mask_errors`): the intra-layer pruners' predictor features.
 
 Cost: the dense pass, one D x D eigendecomposition per signal, and per signal (1 + widths) head
 readings of `lens_tokens` positions. The readings are dominated by the passes over the vocabulary
@@ -50,12 +55,21 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from core.param_count import sliced_width
-from core.profiles import signal_name
+from core.profiles import MASK_RULES, signal_name
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
 from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_deviation
 from workers.probing.head import Float32Head
-from workers.slicing.adapters import FamilyAdapter, detect_family
+from workers.profiling.mask_errors import LinearError, linear_errors, new_moment
+from workers.pruning.linears import block_linears
+from workers.pruning.recording import InputRecorder
+from workers.pruning.stream import run_block
+from workers.slicing.adapters import (
+    FamilyAdapter,
+    UnsupportedArchitectureError,
+    detect_family,
+    match_structure,
+)
 from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
 from workers.slicing.fusion import hidden_width
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
@@ -112,6 +126,9 @@ class ProfileReport:
     signals: list[SignalProfile]
     timings: dict[str, Any] = field(default_factory=dict)
     measured_tokens: int = 0  # positions the shares were measured on (the calibration's by default)
+    linears: list[LinearError] = field(default_factory=list)  # per block linear, in block order
+    mask_rules: list[str] = field(default_factory=list)
+    slicing_refusal: str | None = None  # why slicing cannot prune this model (then no pre-MLP signals)
 
 
 @dataclass
@@ -186,6 +203,7 @@ def profile_model(
     lens_tokens: int = DEFAULT_LENS_TOKENS,
     measured_ids: torch.Tensor | None = None,
     measured_mask: torch.Tensor | None = None,
+    mask_rules: tuple[str, ...] = MASK_RULES,
     device: torch.device | str | None = None,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
@@ -196,10 +214,11 @@ def profile_model(
     The bases are always the calibration windows' (slicing's). With `measured_ids` (M, T') what they
     discard, and the lens readings, are measured on those windows instead: text like what the pruned
     model will be scored on, so the profile sees how well the calibration generalises to it.
-    Unsupported models raise UnsupportedArchitectureError; the model is left unchanged."""
+    `mask_rules` (empty: none) are measured on every block linear. Unsupported models raise
+    UnsupportedArchitectureError; the model is left unchanged."""
     started = time.perf_counter()
     keep = calibration_keep(calibration_ids, attention_mask, batch_size)
-    adapter = detect_family(model)
+    adapter, refusal = _adapter(model)
     model.eval()
     full = hidden_width(model, adapter)
     widths = [sliced_width(full, s, round_to) for s in sparsities]
@@ -214,13 +233,19 @@ def profile_model(
         measured = _Stream(model, adapter, measured_ids, measured_keep, batch_size, compute, home)
     lens = _LensRows.choose(measured.ids, measured.keep, batch_size, lens_tokens)
     reader = _HeadReader(model, adapter, compute, lens.labels)
-    timings: dict[str, Any] = {"capture": time.perf_counter() - started, "blocks": [], "lens": 0.0}
+    timings: dict[str, Any] = {
+        "capture": time.perf_counter() - started,
+        "blocks": [],
+        "lens": 0.0,
+        "masks": 0.0,
+    }
 
     def finish(pairs: list[tuple[str, _Signal, _Signal]], layer: int | None) -> None:
         for kind, basis, seen in pairs:
             signals.append(_finish(basis, seen, len(signals), kind, layer, widths, reader, timings))
 
     signals: list[SignalProfile] = []
+    errors: list[LinearError] = []
     separate = measured is not stream
     own_lens = None if separate else lens  # the calibration stream reads the lens only if measured on
     seen = measured.embedding(full, compute, centred, lens) if separate else None
@@ -232,15 +257,26 @@ def profile_model(
             raise ProfileStopped(f"stopped before block {index} of {len(blocks)}")
         block_started = time.perf_counter()
         block.to(compute)
-        basis_signals = _run_block(
-            adapter, index, block, stream.batches, own_lens, full, compute, home, centred
-        )
-        seen_signals = None
+        run = _BlockRun(adapter, index, block, full, compute, home, centred, whole=refusal is not None)
+        linears = block_linears(adapter, block) if mask_rules else []
+        with InputRecorder(linears, new_moment, compute) as basis_inputs:
+            basis_signals = run.signals(stream.batches, own_lens, basis_inputs)
+        seen_inputs, seen_signals = basis_inputs, None
         if separate:
-            seen_signals = _run_block(
-                adapter, index, block, measured.batches, lens, full, compute, home, centred
-            )
+            with InputRecorder(linears, new_moment, compute) as seen_inputs:
+                seen_signals = run.signals(measured.batches, lens, seen_inputs)
         finish(_zip(basis_signals, seen_signals), index)
+        if linears:
+            masks_started = time.perf_counter()
+            errors += linear_errors(
+                index,
+                linears,
+                basis_inputs.statistics(index),
+                seen_inputs.statistics(index),
+                sparsities,
+                mask_rules,
+            )
+            timings["masks"] += time.perf_counter() - masks_started
         block.to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
         if progress is not None:
@@ -263,7 +299,19 @@ def profile_model(
         signals=signals,
         timings=timings,
         measured_tokens=int(measured.keep.sum()),
+        linears=errors,
+        mask_rules=list(mask_rules),
+        slicing_refusal=refusal,
     )
+
+
+def _adapter(model: PreTrainedModel) -> tuple[FamilyAdapter, str | None]:
+    """Slicing's adapter, or (for a model slicing refuses) the structural one and the refusal;
+    UnsupportedArchitectureError when no adapter knows the structure."""
+    try:
+        return detect_family(model), None
+    except UnsupportedArchitectureError as refusal:
+        return match_structure(model), str(refusal)
 
 
 class _Stream:
@@ -302,35 +350,44 @@ def _zip(
     return [(kind, b, m) for (kind, b), (_, m) in zip(basis, seen, strict=True)]
 
 
-def _run_block(
-    adapter: FamilyAdapter,
-    index: int,
-    block: nn.Module,
-    batches: list[BlockBatch],
-    lens: _LensRows | None,
-    full: int,
-    compute: torch.device,
-    home: torch.device,
-    centred: bool,
-) -> list[tuple[str, _Signal]]:
-    """The dense block on every batch, branch by branch; each batch advances to the block output.
-    Lens rows are gathered only when `lens` is given (the windows the profile is measured on)."""
-    parallel = adapter.is_parallel(block)
-    mid = None if parallel else _Signal(full, compute, centred)
-    out = _Signal(full, compute, centred)
-    for b, batch in enumerate(batches):
-        hidden, (args, kwargs) = move_to((batch.hidden, batch.call(index)), compute)
-        if parallel:
-            y = ParallelSkipConnectedBlock(block, adapter)(hidden, *args, **kwargs)  # (B, T, D)
-        else:
-            wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block
-            h = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
-            assert mid is not None
-            mid.add(h, batch.keep, None if lens is None else lens.gather(b, h))
-            y = wrapper.mlp_residual(h)  # (B, T, D)
-        out.add(y, batch.keep, None if lens is None else lens.gather(b, y))
-        batch.hidden = y.to(home)
-    return [("output", out)] if mid is None else [("pre-mlp", mid), ("output", out)]
+@dataclass(frozen=True)
+class _BlockRun:
+    """One dense block run on batches, branch by branch (or whole, for a family slicing refuses)."""
+
+    adapter: FamilyAdapter
+    index: int
+    block: nn.Module
+    full: int
+    compute: torch.device
+    home: torch.device
+    centred: bool
+    whole: bool  # run the block as the model does and profile only its output
+
+    def signals(
+        self, batches: list[BlockBatch], lens: _LensRows | None, recorder: InputRecorder
+    ) -> list[tuple[str, _Signal]]:
+        """The block on every batch; each batch advances to the block output. Lens rows are
+        gathered only when `lens` is given (the windows the profile is measured on)."""
+        parallel = self.whole or self.adapter.is_parallel(self.block)
+        mid = None if parallel else _Signal(self.full, self.compute, self.centred)
+        out = _Signal(self.full, self.compute, self.centred)
+        for b, batch in enumerate(batches):
+            recorder.start(batch.keep)
+            y = self._output(batch, b, lens, mid)  # (B, T, D)
+            out.add(y, batch.keep, None if lens is None else lens.gather(b, y))
+            batch.hidden = y.to(self.home)
+        return [("output", out)] if mid is None else [("pre-mlp", mid), ("output", out)]
+
+    def _output(self, batch: BlockBatch, b: int, lens: _LensRows | None, mid: _Signal | None) -> torch.Tensor:
+        if self.whole:
+            return run_block(self.block, self.index, batch, self.compute)
+        hidden, (args, kwargs) = move_to((batch.hidden, batch.call(self.index)), self.compute)
+        if mid is None:
+            return ParallelSkipConnectedBlock(self.block, self.adapter)(hidden, *args, **kwargs)
+        wrapper = SkipConnectedBlock(self.block, self.adapter)  # identity skips: the dense block
+        h = wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
+        mid.add(h, batch.keep, None if lens is None else lens.gather(b, h))
+        return wrapper.mlp_residual(h)
 
 
 def _finish(

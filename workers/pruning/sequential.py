@@ -18,25 +18,17 @@ working copy, damped Hessian and inverse factor. bench/memory_pruners.py checks 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from workers.block_inputs import BlockBatch
 from workers.pruning.linears import block_linears
-from workers.pruning.stream import ProgressCallback, StopCheck, run_block, token_rows, walk_blocks
+from workers.pruning.recording import InputRecorder, InputStatistic, NewStatistic
+from workers.pruning.stream import ProgressCallback, StopCheck, run_block, walk_blocks
 from workers.slicing.adapters import FamilyAdapter
 
-
-class InputStatistic(Protocol):
-    """Something that accumulates a linear's inputs, token rows (n, in) at a time; `keep` (n,)
-    marks the rows that are real tokens."""
-
-    def add(self, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None: ...
-
-
-NewStatistic = Callable[[int, torch.device], InputStatistic]  # (input features, device) -> statistic
 PruneLinear = Callable[[nn.Module, Any], torch.Tensor]  # (linear, its statistic) -> prune mask (out, in)
 
 
@@ -74,42 +66,10 @@ def _input_statistics(
     new_statistic: NewStatistic,
     compute: torch.device,
 ) -> dict[str, InputStatistic]:
-    """Each linear's input statistic over every batch's unpadded tokens, from one run of the block.
-
-    Linears called on the same tensor (q/k/v on the attention norm's output, gate/up on the MLP
-    norm's) share one statistic, computed once: one Hessian for q, k and v instead of three equal
-    ones. Sharing is found by identity of the input tensor within each batch's run (each first
-    input is held until the run ends, so its memory cannot be reused by a later, different input)
-    and must be the same in every batch.
-    """
-    statistics: dict[str, InputStatistic] = {}
-    reads_from: dict[str, str] = {}  # path -> the path whose statistic it shares (itself if first)
-    current: dict[str, Any] = {}  # the running batch's keep mask and inputs seen so far
-
-    def hook_for(path: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def record(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            inputs = args[0]
-            owner, _ = current["seen"].setdefault(id(inputs), (path, inputs))
-            if reads_from.setdefault(path, owner) != owner:
-                raise RuntimeError(f"{path} shared its input with {owner} in one batch and not in another")
-            if owner != path:
-                return
-            if path not in statistics:
-                statistics[path] = new_statistic(inputs.shape[-1], compute)
-            statistics[path].add(*token_rows(inputs, current["keep"]))  # rows (n, in), keep (n,)
-
-        return record
-
-    handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears]
-    try:
+    """Each linear's input statistic over every batch's unpadded tokens, from one run of the block
+    (shared by the linears that read one tensor: `workers.pruning.recording`)."""
+    with InputRecorder(linears, new_statistic, compute) as recorder:
         for batch in batches:
-            current.update(keep=batch.keep, seen={})
+            recorder.start(batch.keep)
             run_block(block, index, batch, compute)
-    finally:
-        current.clear()
-        for handle in handles:
-            handle.remove()
-    silent = [path for path, _ in linears if path not in reads_from]
-    if silent:
-        raise RuntimeError(f"block {index}: {', '.join(silent)} never ran on the calibration batches")
-    return {path: statistics[reads_from[path]] for path, _ in linears}
+    return recorder.statistics(index)

@@ -1,0 +1,104 @@
+"""The profile's mask errors are what the pruners' own masks would remove from each linear's output
+on the dense model's inputs, and a family slicing refuses still gets them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from core.profiles import MASK_RULES
+from tests.workers.pruning.tiny import build, calibration
+from workers.profiling import profile_model
+from workers.pruning.linears import block_linears, weight_out_in
+from workers.pruning.magnitude import prune_linear_by_magnitude
+from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
+from workers.slicing.adapters import match_structure
+
+SPARSITIES = [0.25, 0.5]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread: None) -> None:
+    """Tiny models: one torch thread (tests/workers/conftest.py)."""
+
+
+def _dense_inputs(model: PreTrainedModel, ids: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
+    """Every linear of block `layer`'s input rows (n, in) in a full dense forward."""
+    adapter = match_structure(model)
+    linears = block_linears(adapter, adapter.blocks(model)[layer])
+    rows: dict[str, torch.Tensor] = {}
+
+    def hook(path: str):  # type: ignore[no-untyped-def]
+        def record(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            rows[path] = args[0].reshape(-1, args[0].shape[-1]).detach().double()
+
+        return record
+
+    handles = [module.register_forward_pre_hook(hook(path)) for path, module in linears]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for handle in handles:
+        handle.remove()
+    return rows
+
+
+def _pruned_copy(module: nn.Module, rule: str, rows: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """The linear's weight (out, in) after the pruner of `rule` pruned a copy of it."""
+    copied = copy.deepcopy(module)
+    if rule == "wanda":
+        squares = FeatureSquares(rows.shape[1], torch.device("cpu"))
+        squares.add(rows.float())
+        prune_linear_by_wanda(copied, squares, sparsity, "unstructured")
+    else:
+        prune_linear_by_magnitude(copied, sparsity, "unstructured", per_row=rule == "magnitude-row")
+    return weight_out_in(copied).detach().double()
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3"])
+def test_each_error_is_the_output_share_the_pruners_own_mask_removes(case: str) -> None:
+    model = build(case, layers=2)
+    ids = calibration(4, 16)
+    report = profile_model(model, ids, None, SPARSITIES, batch_size=2, lens_tokens=0)
+    layer = 1
+    inputs = _dense_inputs(model, ids, layer)
+    linears = dict(block_linears(match_structure(model), match_structure(model).blocks(model)[layer]))
+    measured = [e for e in report.linears if e.layer == layer]
+    assert [e.name for e in measured] == list(linears)
+    assert report.mask_rules == list(MASK_RULES)
+    for entry in measured:
+        module, x = linears[entry.name], inputs[entry.name]
+        weight = weight_out_in(module).detach().double()
+        dense_out = x @ weight.T
+        assert entry.output_energy == pytest.approx(float(dense_out.pow(2).sum(1).mean()), rel=1e-4)
+        for rule in MASK_RULES:
+            for s, error in zip(SPARSITIES, entry.errors[rule], strict=True):
+                pruned_out = x @ _pruned_copy(module, rule, x, s).T
+                expected = float((dense_out - pruned_out).pow(2).sum() / dense_out.pow(2).sum())
+                assert error == pytest.approx(expected, rel=1e-3, abs=1e-7), (entry.name, rule, s)
+                assert 0.0 < error < 1.0
+
+
+def test_a_family_slicing_refuses_is_profiled_whole_with_its_refusal() -> None:
+    model = build("gemma3")
+    ids = calibration(4, 16)
+    report = profile_model(model, ids, None, SPARSITIES, batch_size=2, lens_tokens=8)
+    assert report.slicing_refusal is not None and "norm" in report.slicing_refusal
+    assert [s.kind for s in report.signals] == ["embedding"] + ["output"] * report.num_layers
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states  # embeddings, then blocks
+    for signal in report.signals[1:-1]:  # the last hidden state is after the final norm
+        x = hidden[signal.index].double().reshape(-1, hidden[signal.index].shape[-1])
+        expected = torch.linalg.eigvalsh(x.T @ x / x.shape[0]).flip(0)
+        assert torch.allclose(
+            torch.tensor(signal.eigenvalues, dtype=torch.float64), expected, rtol=1e-4, atol=1e-6
+        )
+    assert len(report.linears) == report.num_layers * 7
+
+
+def test_no_mask_rules_measure_no_errors() -> None:
+    report = profile_model(build("llama"), calibration(2, 16), None, [0.5], lens_tokens=0, mask_rules=())
+    assert report.linears == [] and report.mask_rules == []
