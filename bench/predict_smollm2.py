@@ -53,6 +53,7 @@ TERMINAL = ("succeeded", "failed", "canceled")
 CALIBRATION = {"num_sequences": 128, "seqlen": 512, "batch_size": 8}
 SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
 ANCHOR = 0.2
+COST_STEPS = ["dense", "profile", "profile-without-masks", "slice", "wanda"]
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,7 +69,7 @@ def parse_args() -> argparse.Namespace:
         "--cost-steps",
         nargs="+",
         default=["dense", "profile", "slice"],
-        choices=["dense", "profile", "slice", "wanda"],
+        choices=COST_STEPS,
     )
     parser.add_argument("--corpora", nargs="+", default=["boolq-passages", "lambada-passages"])
     parser.add_argument("--lens-tokens", type=int, default=256)
@@ -94,7 +95,7 @@ def parse_args() -> argparse.Namespace:
         type=Path,
         default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
     )
-    parser.add_argument("--cost-step", choices=["dense", "profile", "slice", "wanda"], help=argparse.SUPPRESS)
+    parser.add_argument("--cost-step", choices=COST_STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "predict_smollm2.json")
     return parser.parse_args()
 
@@ -113,6 +114,7 @@ def cost_step(args: argparse.Namespace) -> None:
     import torch
 
     from core.model_sources import resolve_model
+    from core.profiles import MASK_RULES
     from workers.calibration import build_calibration, calibration_corpus
     from workers.loading import load_model
     from workers.profiling import profile_model
@@ -136,9 +138,16 @@ def cost_step(args: argparse.Namespace) -> None:
         if args.cost_step == "dense":
             for start in range(0, ids.shape[0], size):
                 loaded.model(input_ids=ids[start : start + size], use_cache=False)
-        elif args.cost_step == "profile":
+        elif args.cost_step.startswith("profile"):
+            rules = () if args.cost_step == "profile-without-masks" else MASK_RULES
             profile_model(
-                loaded.model, ids, None, args.sparsities, batch_size=size, lens_tokens=args.lens_tokens
+                loaded.model,
+                ids,
+                None,
+                args.sparsities,
+                batch_size=size,
+                lens_tokens=args.lens_tokens,
+                mask_rules=rules,
             )
         elif args.cost_step == "wanda":
             prune_model(loaded.model, "wanda", 0.5, calibration_ids=ids, batch_size=size)
@@ -184,8 +193,8 @@ def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
         print(f"cost: {steps[step]}", flush=True)
     ratios: dict[str, Any] = {"steps": steps}
     if "profile" in steps:
-        for other in steps.keys() - {"profile"}:
-            name = "slicing" if other == "slice" else other
+        for other in sorted(steps.keys() - {"profile"}):
+            name = ("slicing" if other == "slice" else other).replace("-", "_")
             for key, label in (("wall_s", "wall"), ("peak_rss_mb", "peak_rss")):
                 ratios[f"profile_over_{name}_{label}"] = round(steps["profile"][key] / steps[other][key], 3)
     return ratios

@@ -1,4 +1,5 @@
-"""A `sweep` job on the packaged SmolLM2-135M: PPL at several SliceGPT sparsities, laws fitted and stored.
+"""A `sweep` job on the packaged SmolLM2-135M (or `--model`): PPL at several sparsities of SliceGPT
+(or `--method`), laws fitted and stored.
 
 Usage (from the repository root):
 
@@ -199,9 +200,10 @@ def points_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 data_sha256=protocol["data_sha256"],
             )
             if item["method"] != "dense":
+                slicing = protocol.get("slicing") or {}  # only slicing has a width
                 row.update(
-                    width=protocol["slicing"]["width"],
-                    hidden_size=protocol["slicing"]["hidden_size"],
+                    width=slicing.get("width"),
+                    hidden_size=slicing.get("hidden_size"),
                     timings_s=protocol["timings"],
                     calibration=protocol["calibration"],
                     sweep_job_id=protocol.get("sweep_job_id"),

@@ -6,18 +6,21 @@ the newest profile of the same model under the same calibration windows (`CALIBR
 ones its method is predicted from (`METHOD_FEATURES`: slicing's spectra and lens readings, or a mask
 rule's output errors). A fit without such a profile still scores the calibrated laws (and slicing's
 strict law), not the feature laws.
-Pure arithmetic over a few indexed reads (no torch).
+Pure arithmetic over a few indexed reads (no torch); the curves and their backtests are computed
+once per state of the store (`scored_curves`), not on every prediction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.schemas.profiles import (
@@ -220,6 +223,39 @@ def store_curves(session: Session, method: str) -> list[Curve]:
     return list(curves.values())
 
 
+BACKTEST_CACHE_SIZE = 32
+"""(store, method, level) entries of `scored_curves` kept per process."""
+
+_scored: OrderedDict[tuple[Any, ...], tuple[list[Curve], list[Score]]] = OrderedDict()
+_scored_lock = threading.Lock()
+
+
+def scored_curves(session: Session, method: str, level: float) -> tuple[list[Curve], list[Score]]:
+    """`store_curves` and their `backtest`, computed once per state of the store: rows of fits and
+    profiles are only ever inserted or deleted, so their count, largest id and newest creation time
+    change whenever what the backtests read changes (a reused id comes with a newer time)."""
+    fits = session.execute(
+        select(func.count(Fit.id), func.max(Fit.id), func.max(Fit.created_at)).where(
+            Fit.method == method, Fit.metric == "ppl"
+        )
+    ).one()
+    profiles = session.execute(
+        select(func.count(Profile.id), func.max(Profile.id), func.max(Profile.created_at))
+    ).one()
+    key = (str(session.get_bind().engine.url), method, level, tuple(fits), tuple(profiles))
+    with _scored_lock:
+        if key in _scored:
+            _scored.move_to_end(key)
+            return _scored[key]
+    curves = store_curves(session, method)
+    answer = curves, backtest(curves, level=level)
+    with _scored_lock:
+        _scored[key] = answer
+        while len(_scored) > BACKTEST_CACHE_SIZE:
+            _scored.popitem(last=False)
+    return answer
+
+
 def _features_at(
     profile: StoredProfile, method: str, sparsities: Sequence[float]
 ) -> dict[str, tuple[float, ...]]:
@@ -290,7 +326,7 @@ def predict_before_pruning(
         return None
     profile = max(profiles, key=lambda p: p.row.id)
     entry = METHOD_FEATURES[method]
-    curves = store_curves(session, method)
+    curves, scored = scored_curves(session, method, level)
     model = profile.row.model_id
     own_key = calibration_key(profile.calibration)
     own_curve = next((c for c in curves if c.model == model and c.calibration == own_key), None)
@@ -299,7 +335,7 @@ def predict_before_pruning(
         mode = ONE_POINT
     else:
         mode = ZERO_CURVE if any(c.model == model for c in others) else ZERO_MODEL
-    scores = {(s.predictor, s.mode): s for s in backtest(curves, level=level)}
+    scores = {(s.predictor, s.mode): s for s in scored}
     answers = []
     for law in (FeatureLaw(name, power) for name in entry.names for power in (False, True)):
         fit = law_prior(law, others)
@@ -465,7 +501,7 @@ def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
 
 def backtest_list(session: Session, method: str, level: float, *, points: bool = False) -> BacktestList:
     """Every predictor in every mode over the store's curves of `method`."""
-    curves = store_curves(session, method)
+    curves, scored = scored_curves(session, method, level)
     return BacktestList(
         method=method,
         level=level,
@@ -480,7 +516,7 @@ def backtest_list(session: Session, method: str, level: float, *, points: bool =
             )
             for c in curves
         ],
-        items=[score_public(score, points=points) for score in backtest(curves, level=level) if score.n],
+        items=[score_public(score, points=points) for score in scored if score.n],
     )
 
 

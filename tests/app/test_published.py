@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -66,6 +67,29 @@ def test_a_published_curve_is_drawn_as_its_own_source(api: TestClient, clean_sto
     add_series(clean_store, "facebook/opt-125m", 30.0, [(0.25, 40.0)], protocol=ppl_protocol())
     measured = api.get(path).json()
     assert measured["source"] == "measured" and [p["value"] for p in measured["measured"]] == [30.0, 40.0]
+
+
+def test_backtests_are_computed_once_per_state_of_the_store(
+    api: TestClient, clean_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.services import profiles
+
+    calls: list[str] = []
+    read = profiles.store_curves
+
+    def counted(session: Any, method: str) -> Any:
+        calls.append(method)
+        return read(session, method)
+
+    monkeypatch.setattr(profiles, "store_curves", counted)
+    assert api.get("/v1/backtests").json()["curves"] == api.get("/v1/backtests").json()["curves"] == []
+    assert len(calls) == 1
+    with clean_store.session() as session:
+        import_published(session)  # new fits: the cached answer is stale
+    assert len(api.get("/v1/backtests").json()["curves"]) == 2 and len(calls) == 2
+    api.get("/v1/backtests", params={"level": 0.9})
+    api.get("/v1/backtests", params={"method": "wanda"})
+    assert len(calls) == 4
 
 
 def test_the_cli_imports_published_curves(tmp_path: Path) -> None:
