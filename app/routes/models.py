@@ -110,12 +110,17 @@ def model_profile(
     seed: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="Calibration seed.")] = None,
     spectra: Annotated[bool, Query(description="Include every signal's full spectrum.")] = False,
     linears: Annotated[bool, Query(description="Include every block linear's mask errors.")] = False,
+    rule: Annotated[
+        Literal["wanda", "magnitude", "magnitude-row"] | None,
+        Query(description="With `format=svg|png`: draw this mask rule's errors per linear instead."),
+    ] = None,
     format: Annotated[Literal["json", "svg", "png"], Query(description="`json`, `svg` or `png`.")] = "json",
 ) -> Response:
     """The newest profile of the model matching the filters: per residual signal the share of raw
     and normalised-token energy slicing would discard at each profiled width, and the lens readings
     (that signal projected on its top-d eigenvectors, read through the final norm and head), and
-    per intra-layer method the mask-error features its predictions use. With
+    per intra-layer method the mask-error features its predictions use. With `rule` and an image
+    format: each block linear's mask error at each sparsity as a heatmap. With
     `format=svg` or `png`: the discarded token-energy share for every width, per signal, as a heatmap."""
     calibration = {"corpus": corpus, "num_sequences": num_sequences, "seqlen": seqlen, "seed": seed}
     profile = find_profile(session, services.settings, model, job_id, calibration)
@@ -131,9 +136,15 @@ def model_profile(
             profile_public(profile, spectra=spectra, linears=linears).model_dump_json(),
             media_type="application/json",
         )
+    if rule is not None and not profile.offers_rule(rule):
+        raise ProblemError(
+            404,
+            f"the profile of model {model!r} has no {rule!r} mask errors (made before they were measured)",
+            slug="profile-not-found",
+        )
     if format == "svg":
-        return Response(profile_svg(profile), media_type=CURVE_MEDIA["svg"])
-    return Response(profile_png(profile), media_type=CURVE_MEDIA["png"])
+        return Response(profile_svg(profile, rule), media_type=CURVE_MEDIA["svg"])
+    return Response(profile_png(profile, rule), media_type=CURVE_MEDIA["png"])
 
 
 @router.get(

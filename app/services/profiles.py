@@ -106,7 +106,10 @@ class StoredProfile:
             return False
         if entry.rule is None:
             return not self.row.protocol.get("slicing_refusal") and bool(self.signals)
-        return any(entry.rule in linear.errors for linear in self.linears)
+        return self.offers_rule(entry.rule)
+
+    def offers_rule(self, rule: str) -> bool:
+        return any(rule in linear.errors for linear in self.linears)
 
     def feature(self, method: str, name: str, sparsity: float) -> float:
         """F_name for `method` at `sparsity` (slicing's: at the sliced width); ValueError outside the

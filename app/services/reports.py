@@ -75,7 +75,10 @@ def _profile_section(services: Services, job: JobPublic) -> CurveSection:
         profile = find_profile(session, services.settings, job.model, job.id, {})
     if profile is None:
         return CurveSection(heading, None, ("no profile stored (yet) by this job",))
-    svg = profile_svg(profile)
+    refused = profile.row.protocol.get("slicing_refusal")
+    svg = profile_svg(profile, "wanda" if refused and profile.offers_rule("wanda") else None)
+    if refused:
+        heading = f"{job.model} - profile - Wanda's mask error per linear (slicing refuses this model)"
     notes = (
         f"calibration: {profile.calibration.get('corpus')} {profile.calibration.get('num_sequences')} x "
         f"{profile.calibration.get('seqlen')}, seed {profile.calibration.get('seed')}; lens tokens "

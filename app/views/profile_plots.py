@@ -1,6 +1,8 @@
 """A profile drawn as a heatmap: the share of each signal's normalised-token energy that slicing to
-width d would discard, signals down the stream (rows) against d (columns), on a log colour scale.
-Rendered like the curves (`app.views.curve_plots`): Agg canvas, object-oriented API, text kept text."""
+width d would discard, signals down the stream (rows) against d (columns), on a log colour scale;
+or, for one mask rule, the share of each block linear's output energy its mask removes (rows:
+linears in block order, columns: the profiled sparsities). Rendered like the curves
+(`app.views.curve_plots`): Agg canvas, object-oriented API, text kept text."""
 
 from __future__ import annotations
 
@@ -26,7 +28,43 @@ def heatmap_grid(profile: StoredProfile) -> tuple[list[int], list[list[float]]]:
     return widths, [[max(signal.token_discarded(d), FLOOR) for d in widths] for signal in profile.signals]
 
 
-def _figure(profile: StoredProfile) -> Figure:
+def _mask_figure(profile: StoredProfile, rule: str) -> Figure:
+    load_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    sparsities = profile.row.sparsities
+    rows = [[max(linear.error(rule, s), FLOOR) for s in sparsities] for linear in profile.linears]
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(
+        rows,
+        aspect="auto",
+        origin="upper",
+        norm=LogNorm(vmin=max(FLOOR, min(min(row) for row in rows)), vmax=1.0),
+        cmap="magma_r",
+    )
+    fig.colorbar(image, ax=ax, label="share of output energy removed (log)")
+    ax.set_xticks(range(len(sparsities)), [f"{s:g}" for s in sparsities], fontsize=7)
+    ticks = list(range(0, len(rows), max(1, math.ceil(len(rows) / 14))))
+    names = [f"{linear.layer} {linear.name}" for linear in profile.linears]
+    ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)
+    ax.set_xlabel("sparsity")
+    ax.set_title(
+        f"{profile.row.model_id}: what the {rule} mask removes from each block linear's output",
+        fontsize=9,
+        parse_math=False,
+    )
+    return fig
+
+
+def _figure(profile: StoredProfile, rule: str | None = None) -> Figure:
+    if rule is not None:
+        if not any(rule in linear.errors for linear in profile.linears):
+            raise ValueError(f"this profile has no {rule!r} mask errors")
+        return _mask_figure(profile, rule)
     load_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
@@ -57,13 +95,14 @@ def _figure(profile: StoredProfile) -> Figure:
     return fig
 
 
-def profile_svg(profile: StoredProfile) -> str:
+def profile_svg(profile: StoredProfile, rule: str | None = None) -> str:
+    """The slicing heatmap, or with `rule` its mask errors (ValueError: the profile has none)."""
     buffer = io.StringIO()
-    _figure(profile).savefig(buffer, format="svg", metadata={"Date": None})
+    _figure(profile, rule).savefig(buffer, format="svg", metadata={"Date": None})
     return buffer.getvalue()
 
 
-def profile_png(profile: StoredProfile) -> bytes:
+def profile_png(profile: StoredProfile, rule: str | None = None) -> bytes:
     buffer = io.BytesIO()
-    _figure(profile).savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
+    _figure(profile, rule).savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
     return buffer.getvalue()

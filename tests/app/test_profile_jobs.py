@@ -137,6 +137,8 @@ def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
     assert set(wanda) == MASK_FEATURES and all(0 < a < b for a, b in wanda.values())
     assert len(profile["linears"]) == 7 * profile["num_layers"]
     assert set(profile["linears"][0]["errors"]) == {"wanda", "magnitude", "magnitude-row"}
+    drawn = api.get(f"/v1/models/{model}/profile", params={"format": "svg", "rule": "magnitude"})
+    assert drawn.status_code == 200 and "magnitude mask removes" in drawn.text
 
     backtests = api.get("/v1/backtests", params={"method": "wanda", "points": True}).json()
     assert len(backtests["curves"]) == 2
@@ -187,3 +189,5 @@ def test_a_family_slicing_refuses_is_profiled_for_the_intra_layer_methods(
     assert {s["kind"] for s in profile["signals"]} == {"embedding", "output"}
     assert "wanda" in profile["mask_features"]
     assert_problem(api.post("/v1/jobs", json=sweep_body(model, [0.25])), 422)  # slicing still refuses it
+    report = api.get(f"/v1/jobs/{job.json()['id']}/report")
+    assert report.status_code == 200 and "mask removes from each block linear" in report.text
