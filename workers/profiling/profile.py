@@ -60,7 +60,7 @@ from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, 
 from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_deviation
 from workers.probing.head import Float32Head
-from workers.profiling.mask_errors import LinearError, linear_errors, new_moment
+from workers.profiling.mask_errors import LinearError, linear_errors, mask_moments
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder
 from workers.pruning.stream import run_block
@@ -250,6 +250,8 @@ def profile_model(
     own_lens = None if separate else lens  # the calibration stream reads the lens only if measured on
     seen = measured.embedding(full, compute, centred, lens) if separate else None
     finish(_zip(stream.embedding(full, compute, centred, own_lens), seen), None)
+    basis_moments = mask_moments(int(keep.sum()))
+    seen_moments = mask_moments(int(measured.keep.sum()))
     if progress is not None:
         progress(0, len(blocks))
     for index, block in enumerate(blocks):
@@ -259,11 +261,11 @@ def profile_model(
         block.to(compute)
         run = _BlockRun(adapter, index, block, full, compute, home, centred, whole=refusal is not None)
         linears = block_linears(adapter, block) if mask_rules else []
-        with InputRecorder(linears, new_moment, compute) as basis_inputs:
+        with InputRecorder(linears, basis_moments, compute) as basis_inputs:
             basis_signals = run.signals(stream.batches, own_lens, basis_inputs)
         seen_inputs, seen_signals = basis_inputs, None
         if separate:
-            with InputRecorder(linears, new_moment, compute) as seen_inputs:
+            with InputRecorder(linears, seen_moments, compute) as seen_inputs:
                 seen_signals = run.signals(measured.batches, lens, seen_inputs)
         finish(_zip(basis_signals, seen_signals), index)
         if linears:

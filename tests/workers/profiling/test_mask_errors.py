@@ -102,3 +102,40 @@ def test_a_family_slicing_refuses_is_profiled_whole_with_its_refusal() -> None:
 def test_no_mask_rules_measure_no_errors() -> None:
     report = profile_model(build("llama"), calibration(2, 16), None, [0.5], lens_tokens=0, mask_rules=())
     assert report.linears == [] and report.mask_rules == []
+
+
+def test_the_moment_samples_every_kth_real_token_across_batches_and_squares_every_one() -> None:
+    from workers.profiling.mask_errors import MaskMoment
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(4000, 8, generator=generator) @ torch.randn(8, 8, generator=generator)
+    keep = torch.rand(4000, generator=generator) > 0.25
+    whole = MaskMoment(8, torch.device("cpu"), stride=5)
+    whole.add(rows, keep)
+    split = MaskMoment(8, torch.device("cpu"), stride=5)
+    split.add(rows[:1001], keep[:1001])
+    split.add(rows[1001:], keep[1001:])
+    real = rows[keep].double()
+    assert torch.allclose(whole.squares, real.pow(2).sum(0)) and torch.allclose(split.squares, whole.squares)
+    assert split.sampled == whole.sampled == len(range(0, real.shape[0], 5))
+    assert torch.allclose(split.moment, whole.moment, rtol=1e-5)
+    exact = (real.T @ real / real.shape[0]).float()
+    assert torch.allclose(whole.covariance, exact, rtol=0.15, atol=0.15 * float(exact.diagonal().mean()))
+
+
+def test_errors_on_a_token_sample_stay_close_to_the_exact_ones() -> None:
+    model = build("llama", layers=2)
+    ids = calibration(8, 32)
+    exact = profile_model(model, ids, None, SPARSITIES, batch_size=4, lens_tokens=0)
+    from workers.profiling import mask_errors
+
+    original = mask_errors.MASK_TOKENS
+    mask_errors.MASK_TOKENS = 64  # every 4th of the 256 tokens
+    try:
+        sampled = profile_model(model, ids, None, SPARSITIES, batch_size=4, lens_tokens=0)
+    finally:
+        mask_errors.MASK_TOKENS = original
+    for a, b in zip(exact.linears, sampled.linears, strict=True):
+        for rule in MASK_RULES:
+            assert b.errors[rule] == pytest.approx(a.errors[rule], rel=0.25)
+            assert b.errors[rule] != a.errors[rule]
