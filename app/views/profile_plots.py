@@ -14,6 +14,7 @@ from app.services.profiles import StoredProfile
 from app.views.curve_plots import load_matplotlib
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 WIDTH_IN, HEIGHT_IN = 7.5, 6.0
@@ -28,14 +29,19 @@ def heatmap_grid(profile: StoredProfile) -> tuple[list[int], list[list[float]]]:
     return widths, [[max(signal.token_discarded(d), FLOOR) for d in widths] for signal in profile.signals]
 
 
-def _mask_figure(profile: StoredProfile, rule: str) -> Figure:
+def _log_heatmap(
+    rows: list[list[float]],
+    vmin: float,
+    vmax: float,
+    label: str,
+    extent: tuple[float, float, float, float] | None = None,
+) -> tuple[Figure, Axes]:
+    """A figure with `rows` drawn on a log colour scale from `vmin` to `vmax`, and its colour bar."""
     load_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
 
-    sparsities = profile.row.sparsities
-    rows = [[max(linear.error(rule, s), FLOOR) for s in sparsities] for linear in profile.linears]
     fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -43,10 +49,19 @@ def _mask_figure(profile: StoredProfile, rule: str) -> Figure:
         rows,
         aspect="auto",
         origin="upper",
-        norm=LogNorm(vmin=max(FLOOR, min(min(row) for row in rows)), vmax=1.0),
+        norm=LogNorm(vmin=vmin, vmax=vmax),
+        extent=extent,
         cmap="magma_r",
     )
-    fig.colorbar(image, ax=ax, label="share of output energy removed (log)")
+    fig.colorbar(image, ax=ax, label=label)
+    return fig, ax
+
+
+def _mask_figure(profile: StoredProfile, rule: str) -> Figure:
+    sparsities = profile.row.sparsities
+    rows = [[max(linear.error(rule, s), FLOOR) for s in sparsities] for linear in profile.linears]
+    floor = max(FLOOR, min(min(row) for row in rows))
+    fig, ax = _log_heatmap(rows, floor, 1.0, "share of output energy removed (log)")
     ax.set_xticks(range(len(sparsities)), [f"{s:g}" for s in sparsities], fontsize=7)
     ticks = list(range(0, len(rows), max(1, math.ceil(len(rows) / 14))))
     names = [f"{linear.layer} {linear.name}" for linear in profile.linears]
@@ -62,27 +77,18 @@ def _mask_figure(profile: StoredProfile, rule: str) -> Figure:
 
 def _figure(profile: StoredProfile, rule: str | None = None) -> Figure:
     if rule is not None:
-        if not any(rule in linear.errors for linear in profile.linears):
+        if not profile.offers_rule(rule):
             raise ValueError(f"this profile has no {rule!r} mask errors")
         return _mask_figure(profile, rule)
-    load_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import LogNorm
-    from matplotlib.figure import Figure
-
     widths, shares = heatmap_grid(profile)
-    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(
+    half = profile.round_to / 2
+    fig, ax = _log_heatmap(
         shares,
-        aspect="auto",
-        origin="upper",
-        norm=LogNorm(vmin=FLOOR, vmax=max(1.0, max(max(row) for row in shares))),
-        extent=(widths[0] - profile.round_to / 2, widths[-1] + profile.round_to / 2, len(shares) - 0.5, -0.5),
-        cmap="magma_r",
+        FLOOR,
+        max(1.0, max(max(row) for row in shares)),
+        "share of token energy discarded (log)",
+        extent=(widths[0] - half, widths[-1] + half, len(shares) - 0.5, -0.5),
     )
-    fig.colorbar(image, ax=ax, label="share of token energy discarded (log)")
     for sparsity, width in zip(profile.row.sparsities, profile.row.widths, strict=True):
         ax.axvline(width, color="#1f5fa8", linewidth=0.8, alpha=0.7)
         ax.text(width, -0.8, f"s={sparsity:g}", color="#1f5fa8", fontsize=7, ha="center", va="bottom")

@@ -39,9 +39,11 @@ Cost: the dense pass, one D x D eigendecomposition per signal, and per signal (1
 readings of `lens_tokens` positions. The readings are dominated by the passes over the vocabulary
 (softmax, logsumexp, the variance), not by the head's matmul, so they cost about
 signals x (1 + widths) x lens_tokens x V element passes: with a 50k vocabulary, as much as a
-dense pass at a few hundred lens tokens (bench/predict_smollm2.py measures it). Peak memory:
-slicing's (the model, the calibration activations of one signal, one block's temporaries) plus the
-measured windows' activations, the lens rows of one signal and one chunk of logits.
+dense pass at a few hundred lens tokens (bench/predict_smollm2.py measures it). The mask errors
+add their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5 sparsities, about a
+third of a dense pass). Peak memory: slicing's (the model, the calibration activations of one
+signal, one block's temporaries) plus the measured windows' activations, the lens rows of one
+signal, one chunk of logits and one block's mask moments.
 """
 
 from __future__ import annotations
