@@ -126,6 +126,7 @@ class BeforePruningPublic(BaseModel):
     profile_id: int
     profile_job_id: str
     calibration: dict[str, Any]
+    features_from: str = Field(description="What of the profile the method is predicted from.")
     own_points: int = Field(description="Pruned points of this model under the profile's calibration.")
     mode: str = Field(description="The backtest mode that matches what is known of this model.")
     chosen: str | None

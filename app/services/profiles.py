@@ -529,6 +529,7 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
         profile_id=profile.row.id,
         profile_job_id=profile.row.job_id,
         calibration=profile.calibration,
+        features_from=METHOD_FEATURES[answer.method].note,
         own_points=answer.own_points,
         mode=answer.mode,
         chosen=answer.chosen,

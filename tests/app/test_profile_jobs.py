@@ -157,6 +157,7 @@ def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
     [metric] = api.post("/v1/predictions", json=body).json()["metrics"]
     before = metric["before_pruning"]
     assert before["own_points"] == 2 and before["mode"] == "one-point"  # the newest profile: seed 7
+    assert before["features_from"].startswith("the output error of Wanda's masks")
     assert {p["feature"] for p in before["predictors"]} == MASK_FEATURES
     assert before["chosen"] is not None and "lowest backtest error" in before["reason"]
     assert all(p["predictions"][0]["width"] is None for p in before["predictors"])
