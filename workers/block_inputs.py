@@ -61,6 +61,30 @@ def move_to(value: Any, device: torch.device) -> Any:
     return value
 
 
+def split_sequences(hidden: torch.Tensor, call: BlockCall, size: int) -> list[tuple[torch.Tensor, BlockCall]]:
+    """A batch's hidden states (B, T, D) and its block call, cut into chunks of `size` sequences.
+
+    A block treats its sequences independently, so running it chunk by chunk gives the whole
+    batch's output with a chunk's intermediates. Every call tensor of two or more dimensions whose
+    first is B (padding masks, per-sequence positions) is cut with the hidden states; the rest
+    (rotary tables shared by the batch, 1-D cache positions, flags) goes to every chunk whole.
+    Callers check once that this reproduces the whole batch (slicing's structure check)."""
+    count = hidden.shape[0]
+    if count <= size:
+        return [(hidden, call)]
+
+    def cut(value: Any, start: int) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value[start : start + size] if value.dim() >= 2 and value.shape[0] == count else value
+        if isinstance(value, tuple | list):
+            return type(value)(cut(item, start) for item in value)
+        if isinstance(value, dict):
+            return {key: cut(item, start) for key, item in value.items()}
+        return value
+
+    return [(hidden[start : start + size], cut(call, start)) for start in range(0, count, size)]
+
+
 def home_device(model: nn.Module) -> torch.device:
     """Where the model's parameters live (its first parameter's device)."""
     return next(model.parameters()).device

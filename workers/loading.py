@@ -32,6 +32,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from core.model_sources import ModelSource, assembled_gguf
 from core.settings import Settings
+from workers.host_weights import HostWeights, choose_home, read_into_memory
 from workers.offload import MemoryPlan, OffloadError, offload, plan_memory
 from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 from workers.slicing.artifacts import is_per_layer_sliced, load_sliced
@@ -106,7 +107,9 @@ def load_model(
     model = _load_causal_lm(folder, source.model_id, torch_dtype)
     tokenizer = _load_tokenizer(folder, source.model_id)
     model.eval()
-    plan = memory_plan(model, torch_device, offload, settings.device_memory_bytes)
+    plan = settle_host_weights(
+        model, folder, torch_device, memory_plan(model, torch_device, offload, settings.device_memory_bytes)
+    )
     place(model, torch_device, plan)
     return LoadedModel(
         model=model,
@@ -133,6 +136,23 @@ def memory_plan(
         return plan_memory(model, blocks, device, mode, configured)
     except OffloadError as error:
         raise ModelLoadError(str(error)) from error
+
+
+def settle_host_weights(
+    model: torch.nn.Module, folder: Path, device: torch.device, plan: MemoryPlan
+) -> MemoryPlan:
+    """Read the weights whose home is the host into process memory (workers.host_weights), unless
+    the model is too large for the host; `plan` gains what was done."""
+    if device.type != "cpu" and not plan.offloaded:
+        host = HostWeights("device", 0, 0, 0, "the model is resident on the device; the host keeps no copy")
+    else:
+        home, reason = choose_home(plan.model_bytes)
+        host = (
+            read_into_memory(model, folder, reason)
+            if home == "memory"
+            else HostWeights(home, 0, 0, 0, reason)
+        )
+    return dataclasses.replace(plan, host_weights=host)
 
 
 def place(model: torch.nn.Module, device: torch.device, plan: MemoryPlan) -> None:
@@ -168,6 +188,7 @@ def load_copy(loaded: LoadedModel) -> LoadedModel:
     model.eval()
     plan = loaded.memory_plan
     plan = memory_plan(model, loaded.device, plan.mode, plan.configured_budget)
+    plan = settle_host_weights(model, loaded.path, loaded.device, plan)
     place(model, loaded.device, plan)
     return dataclasses.replace(loaded, model=model, memory_plan=plan)
 

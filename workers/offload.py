@@ -30,6 +30,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from workers.host_weights import HostWeights
+
 OffloadMode = Literal["auto", "always", "never"]
 OFFLOAD_MODES: tuple[str, ...] = ("auto", "always", "never")
 RESIDENT_SHARE = 0.8  # "auto" keeps a model resident when it takes at most this share of the budget
@@ -53,6 +55,7 @@ class MemoryPlan:
     resident_bytes: int  # what stays on the device when offloaded (embeddings, norms, head)
     largest_block_bytes: int
     reason: str
+    host_weights: HostWeights | None = None  # the host copy: read into memory, mapped, or none
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,9 +2,10 @@
 
 Entry point: `slice_model`. It modifies the model in place:
 
-1. detect the family (module structure), untie the head, centre the embeddings (LayerNorm models);
+1. detect the family (module structure); for LayerNorm models untie the head and centre the
+   embeddings (an RMSNorm model's head stays tied until step 5);
 2. run the calibration batches up to block 0 and keep block 0's inputs (on the model's device);
-3. PCA of the embedding output -> Q0; embeddings E @ Q0, keeping d columns;
+3. PCA of the embedding output -> Q0; block 0's inputs x @ Q0[:, :d];
 4. for each block, with input basis Qa (only this block is on the compute device):
    fold its norms; attention readers W @ Qa (d input columns); run attention with the skip
    Qa[:, :d]^T, giving the residual h in the original basis; PCA(h) -> Qb; attention writers
@@ -13,10 +14,25 @@ Entry point: `slice_model`. It modifies the model in place:
    S_attn = Qa[:, :d]^T Qb[:, :d] and S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs
    are y @ Qc[:, :d], so slicing errors upstream feed every later PCA. Parallel-residual blocks
    (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d];
-5. fold the final norm into the head and rotate it: W_head @ Q_L. By default the head is not
-   sliced: the last block writes all D rows and its MLP skip is d x D.
+5. once the calibration stream is freed: fold the final norm into the head (which unties it) and
+   rotate it, W_head @ Q_L; then the embedding tables E @ Q0, keeping d columns. By default the
+   head is not sliced: the last block writes all D rows and its MLP skip is d x D.
 
 PCA and weight rotations run in float64; results are cast back to the model's dtype.
+
+Peak memory beyond the loaded model (docs/architecture.md, "Memory"), for N calibration sequences
+of T tokens, hidden width D, MLP width F, vocabulary V and model dtype size b:
+  the stream, N T D b: each batch keeps the buffer it was captured in and every pass writes its
+  output back into it (`stream.rewrite_stream`), so the stream never exists twice;
+  one chunk's pass intermediates, about ACTIVATION_ROWS (6 D + 3 F) b: passes run a few sequences
+  at a time;
+  float64 work: a row chunk of a weight (2 ROW_CHUNK x max(D, F) x 8), a moment chunk
+  (MOMENT_ROWS x D x 8) and a few D x D matrices (moment, eigenvectors, bases);
+  after the stream is freed, for the head and tables: one V x D head copy (the untied or rotated
+  head) and the rotated table V x d, which replace weights as they are made.
+Between passes the freed heap pages go back to the system (`allocator.release_free_memory`).
+Measured on SmolLM2-135M at 128 x 512: 1.28 x (model + stream) above the runtime's own memory
+(bench/README.md, "slicing_vs_reference.py").
 """
 
 from __future__ import annotations
@@ -33,7 +49,9 @@ from transformers import PreTrainedModel
 from core.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
 from core.methods import PER_LAYER_LAYOUT
 from core.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
+from workers.allocator import release_free_memory
 from workers.block_inputs import BlockBatch as _Batch
+from workers.block_inputs import BlockCall, split_sequences
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
@@ -47,8 +65,12 @@ from workers.slicing.portable.sliced_modules import (
     SkipConnectedBlock,
     wrap_block,
 )
+from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
 
+# Positions a block's passes run at once (whole sequences, at least one): attention's and the MLP's
+# intermediates stay a few MB whatever the calibration batch.
+ACTIVATION_ROWS = 1024
 ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
 StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block
 
@@ -156,9 +178,32 @@ def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
 
 
 def _rotate(hidden: torch.Tensor, basis: torch.Tensor, keep: int) -> torch.Tensor:
-    """hidden @ Q[:, :keep] in float64 on Q's device, returned in hidden's dtype and device."""
-    rotated = hidden.to(device=basis.device, dtype=torch.float64) @ basis[:, :keep]
+    """hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
+
+    In float32 (float64 for a float64 stream), not float64 like the weights: a product with an
+    orthogonal matrix adds a relative error of about sqrt(D) float32 epsilons, far below what the
+    stream's own dtype keeps, and float64 here cost 14 % of slicing's time."""
+    compute = torch.promote_types(hidden.dtype, torch.float32)
+    rotated = hidden.to(device=basis.device, dtype=compute) @ basis[:, :keep].to(compute)
     return rotated.to(device=hidden.device, dtype=hidden.dtype)
+
+
+def _rotation(basis: torch.Tensor, keep: int) -> PassFunction:
+    """The pass that rotates the stream onto `basis` and keeps `keep` directions."""
+    return lambda hidden, _args, _kwargs: _rotate(hidden, basis, keep)
+
+
+def _by_sequences(
+    function: Callable[[torch.Tensor, tuple[Any, ...], dict[str, Any]], torch.Tensor],
+    hidden: torch.Tensor,
+    call: BlockCall,
+    size: int,
+) -> torch.Tensor:
+    """function(hidden, args, kwargs) over a batch, run on chunks of `size` sequences
+    (`block_inputs.split_sequences`) and put back together: the whole batch's result with one
+    chunk's intermediates (attention's q/k/v, an MLP's (rows, F) activations)."""
+    parts = [function(part, args, kwargs) for part, (args, kwargs) in split_sequences(hidden, call, size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -169,12 +214,22 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 @torch.no_grad()
 def _check_block_structure(
     model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
-) -> None:
-    """The adapter's residual structure must reproduce the block's own forward exactly."""
-    hidden, (args, kwargs) = _move((batch.hidden, batch.call(0)), compute)
-    expected = block(hidden, *args, **kwargs)
-    actual = wrap_block(block, adapter)(hidden, *args, **kwargs)
+) -> int:
+    """The adapter's residual structure must reproduce the block's own forward exactly (checked on
+    the first two sequences). Returns how many sequences the passes may run at once: a chunk of
+    about ACTIVATION_ROWS positions when running the block sequence by sequence reproduces the
+    pair, else the whole batch."""
+    hidden, call = _move((batch.hidden, batch.call(0)), compute)
+    whole = hidden.shape[0]
+    chunk = max(1, ACTIVATION_ROWS // hidden.shape[1])
+    try:
+        pair, (args, kwargs) = split_sequences(hidden, call, 2)[0]
+    except (IndexError, RuntimeError, TypeError):  # a call this model's masks cannot be cut by
+        pair, (args, kwargs), chunk = hidden, call, whole
+    wrapper = wrap_block(block, adapter)
+    expected = block(pair, *args, **kwargs)
     expected = expected[0] if isinstance(expected, tuple) else expected
+    actual = wrapper(pair, *args, **kwargs)
     tolerance = 1e-5 if hidden.dtype in (torch.float32, torch.float64) else 1e-2
     error = _relative_error(actual, expected)
     if not error <= tolerance:
@@ -185,6 +240,13 @@ def _check_block_structure(
                 f"reproduce (relative error {error:.2g}; e.g. scaled residual branches)",
             )
         )
+    if chunk >= whole or pair.shape[0] < 2:
+        return whole
+    try:
+        one_by_one = _by_sequences(lambda h, a, k: wrapper(h, *a, **k), pair, (args, kwargs), 1)
+    except (IndexError, RuntimeError, TypeError):
+        return whole
+    return chunk if _relative_error(one_by_one, actual) <= tolerance else whole
 
 
 @torch.no_grad()
@@ -240,29 +302,35 @@ def slice_model(
     fuse_embeddings(model, adapter, compute)
     batches = _capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
     blocks[0].to(compute)
-    _check_block_structure(model, adapter, blocks[0], batches[0], compute)
+    chunk = _check_block_structure(model, adapter, blocks[0], batches[0], compute)
+    release_free_memory()
     timings["capture"] = time.perf_counter() - started
-    basis = _slice_embeddings(model, adapter, batches, full, widths.embedding, compute)
-    bases = [kept_directions(basis, widths.embedding)]
+    embedding_basis = _stream_basis(batches, full, widths.embedding, compute, chunk)
+    release_free_memory()
+    bases = [kept_directions(embedding_basis, widths.embedding)]
     basis = _slice_blocks(
         adapter,
         blocks,
         batches,
-        basis,
+        embedding_basis,
         widths,
         full,
         compute,
         home,
         dtype,
+        chunk,
         timings,
         progress,
         should_stop,
         bases,
     )
-    batches.clear()  # the activations are spent; free them before the head's large temporaries
+    batches.clear()  # the activations are spent; free them before the tables' large temporaries
+    release_free_memory()
     head_started = time.perf_counter()
-    fuse_final_norm(model, adapter, full, compute)
+    fuse_final_norm(model, adapter, full, compute)  # unties the head: first, while the table is dense
     rotate_readers([adapter.lm_head(model)], basis, widths.head)
+    for embedding in adapter.embeddings(model):
+        rotate_embedding(embedding, embedding_basis, widths.embedding)
     timings["head"] = time.perf_counter() - head_started
     timings["total"] = time.perf_counter() - started
     predicted_before, predicted_after = _predicted_counts(dense_config, width, slice_head)
@@ -321,24 +389,23 @@ def _resolve_slice_head(family: str, slice_head: bool | None) -> bool:
     return slice_head
 
 
-def _slice_embeddings(
-    model: PreTrainedModel,
-    adapter: FamilyAdapter,
+def _stream_basis(
     batches: list[_Batch],
     full: int,
     width: int,
     compute: torch.device,
+    chunk: int,
 ) -> torch.Tensor:
-    """Rotate the embeddings onto the principal basis Q0 of what block 0 reads and keep `width`
-    columns; block 0's inputs are rotated to match. Returns Q0 (D, D) float64."""
+    """The principal basis Q0 of what block 0 reads; block 0's inputs are rotated onto it and keep
+    `width` columns. The embedding tables are rotated to match only once the stream is freed, at
+    the end (`slice_model`): their rotated copies then never coexist with it. Returns Q0 (D, D)
+    float64."""
     moment = SecondMoment(full, compute)
     for batch in batches:
         moment.add(batch.hidden, batch.keep)
     _, basis = principal_basis(moment.matrix)
-    for embedding in adapter.embeddings(model):
-        rotate_embedding(embedding, basis, width)
     for batch in batches:
-        batch.hidden = _rotate(batch.hidden, basis, width)  # (B, T, d)
+        rewrite_stream(batch, width, _rotation(basis, width), chunk=chunk, compute=compute)  # (B, T, d)
     return basis
 
 
@@ -352,13 +419,15 @@ def _slice_blocks(
     compute: torch.device,
     home: torch.device,
     dtype: torch.dtype,
+    chunk: int,
     timings: dict[str, Any],
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
     bases: list[torch.Tensor],
 ) -> torch.Tensor:
     """Slice every block in order, one on `compute` at a time, appending each block's kept output
-    directions to `bases`; returns the last block's output basis."""
+    directions to `bases`; each pass runs `chunk` sequences at a time. Returns the last block's
+    output basis."""
     num_blocks = len(blocks)
     if progress is not None:
         progress(0, num_blocks)
@@ -373,7 +442,7 @@ def _slice_blocks(
         fuse_block(block, adapter, full, compute)
         slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
         blocks[index], basis = slice_block(
-            adapter, index, block, batches, basis, block_widths, full, compute, dtype
+            adapter, index, block, batches, basis, block_widths, full, compute, dtype, chunk
         )
         bases.append(kept_directions(basis, block_widths.out))
         blocks[index].to(home)
@@ -407,6 +476,7 @@ def _slice_sequential_block(
     full: int,
     compute: torch.device,
     dtype: torch.dtype,
+    chunk: int,
 ) -> tuple[SkipConnectedBlock, torch.Tensor]:
     """Rotate and slice one fused sequential block in place; advance every batch to the block's
     output in the new basis; return the block's skip-connected wrapper and that basis (Qc)."""
@@ -415,31 +485,34 @@ def _slice_sequential_block(
     wrapper = SkipConnectedBlock(block, adapter, attn_skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
     rotate_readers(adapter.attn_readers(block), basis_in, d_in)
 
+    def attention(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        return wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))  # (S, T, D)
+
     moment = SecondMoment(full, compute)
-    for batch in batches:
-        hidden, (args, kwargs) = _move((batch.hidden, batch.call(index)), compute)
-        call = wrapper.call_arguments(hidden, args, kwargs)
-        mid = wrapper.attention_residual(hidden, call)  # (B, T, D), original basis
-        moment.add(mid, batch.keep)
-        batch.hidden = mid.to(batch.keep.device)
+    for batch in batches:  # h = x @ S_attn + attn(norm(x)) in the original basis
+        rewrite_stream(
+            batch, full, attention, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
+        )
+    release_free_memory()  # the pass's activations are freed
     _, basis_mid = principal_basis(moment.matrix)  # Qb
     rotate_writers(adapter.attn_writers(block), basis_mid, d_mid)
     rotate_readers(adapter.mlp_readers(block), basis_mid, d_mid)
     attn_skip = basis_in[:, :d_in].T @ basis_mid[:, :d_mid]  # (d_in, d_mid)
     wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
 
+    def mlp(hidden: torch.Tensor, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> torch.Tensor:
+        return wrapper.mlp_residual(_rotate(hidden, basis_mid, d_mid))  # (S, T, D), original basis
+
     moment = SecondMoment(full, compute)
     for batch in batches:
-        mid = _rotate(batch.hidden.to(compute), basis_mid, d_mid)  # (B, T, d_mid)
-        out = wrapper.mlp_residual(mid)  # (B, T, D), original basis
-        moment.add(out, batch.keep)
-        batch.hidden = out.to(batch.keep.device)
+        rewrite_stream(batch, full, mlp, chunk=chunk, compute=compute, moment=moment)
+    release_free_memory()
     _, basis_out = principal_basis(moment.matrix)  # Qc
     rotate_writers(adapter.mlp_writers(block), basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
     wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
-    for batch in batches:
-        batch.hidden = _rotate(batch.hidden, basis_out, d_out)  # (B, T, d_out): next block's input
+    for batch in batches:  # (B, T, d_out): the next block's input
+        rewrite_stream(batch, d_out, _rotation(basis_out, d_out), chunk=chunk, compute=compute)
     return wrapper, basis_out
 
 
@@ -453,6 +526,7 @@ def _slice_parallel_block(
     full: int,
     compute: torch.device,
     dtype: torch.dtype,
+    chunk: int,
 ) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
     """Parallel-residual blocks: one input basis Qa, one output basis Qc, one skip
     S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa."""
@@ -460,15 +534,18 @@ def _slice_parallel_block(
     wrapper = ParallelSkipConnectedBlock(block, adapter, skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
     rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis_in, d_in)
 
+    def forward(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        return wrapper(hidden, *args, **kwargs)  # (S, T, D), original basis
+
     moment = SecondMoment(full, compute)
     for batch in batches:
-        hidden, (args, kwargs) = _move((batch.hidden, batch.call(index)), compute)
-        out = wrapper(hidden, *args, **kwargs)  # (B, T, D), original basis
-        moment.add(out, batch.keep)
-        batch.hidden = out.to(batch.keep.device)
+        rewrite_stream(
+            batch, full, forward, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
+        )
+    release_free_memory()
     _, basis_out = principal_basis(moment.matrix)  # Qc
     rotate_writers(adapter.attn_writers(block) + adapter.mlp_writers(block), basis_out, d_out)
     wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
-    for batch in batches:
-        batch.hidden = _rotate(batch.hidden, basis_out, d_out)  # (B, T, d_out): next block's input
+    for batch in batches:  # (B, T, d_out): the next block's input
+        rewrite_stream(batch, d_out, _rotation(basis_out, d_out), chunk=chunk, compute=compute)
     return wrapper, basis_out

@@ -38,9 +38,11 @@ def untie_head(model: PreTrainedModel, adapter: FamilyAdapter) -> None:
 
 
 def fuse_embeddings(model: PreTrainedModel, adapter: FamilyAdapter, device: torch.device) -> None:
-    """Untie the head; for LayerNorm models centre every embedding row (positions included)."""
-    untie_head(model, adapter)
+    """For LayerNorm models, centre every embedding row (positions included), untying the head first
+    (it reads the uncentred table). An RMSNorm model's head stays tied until `fuse_final_norm`
+    gives it its own weight: slicing then never holds that copy beside its calibration stream."""
     if adapter.uses_layernorm:
+        untie_head(model, adapter)
         for embedding in adapter.embeddings(model):
             centre_embedding(embedding, device)
 
@@ -66,12 +68,14 @@ def fuse_block(block: nn.Module, adapter: FamilyAdapter, full_width: int, device
 def fuse_final_norm(
     model: PreTrainedModel, adapter: FamilyAdapter, full_width: int, device: torch.device
 ) -> None:
-    """Fold the final norm into the (untied) LM head and replace it by a weight-free RMSNorm."""
+    """Fold the final norm into the LM head, which leaves it untied, and replace the norm by a
+    weight-free RMSNorm. The embedding table must still be the dense one (a tied head reads it)."""
     norm = adapter.final_norm(model)
     if isinstance(norm, RMSNormNoScale):
         raise ValueError("final norm is already fused")
     scale, shift = adapter.norm_scale_shift(norm)
-    fold_norm_into_readers([adapter.lm_head(model)], scale, shift, device)
+    fold_norm_into_readers([adapter.lm_head(model)], scale, shift, device)  # a new head weight
+    untie_head(model, adapter)  # a copy only if no fold replaced the shared weight
     adapter.set_final_norm(model, RMSNormNoScale(full_width, norm_epsilon(norm)))
 
 

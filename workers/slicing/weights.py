@@ -29,8 +29,9 @@ from workers.slicing.portable.sliced_weights import (
 )
 
 # Rows per float64 chunk when transforming row-independent matrices. A 49152 x 576 head or
-# embedding would otherwise need two float64 copies (~450 MB) at once; chunks bound that to ~40 MB.
-ROW_CHUNK = 8192
+# embedding would otherwise need two float64 copies (~450 MB) at once; chunks bound that to ~19 MB
+# (2 x 2048 x 576 x 8 bytes), ~270 MB for a 2048-row chunk at D = 8192.
+ROW_CHUNK = 2048
 
 
 def _f64(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

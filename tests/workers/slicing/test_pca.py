@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from workers.slicing import pca
 from workers.slicing.pca import DAMPING, SecondMoment, principal_basis
 
 
@@ -56,3 +58,20 @@ def test_second_moment_is_not_centred() -> None:
     moment.add(signal, torch.ones(1, 4, dtype=torch.bool))
 
     torch.testing.assert_close(moment.matrix, torch.full((3, 3), 4.0, dtype=torch.float64))
+
+
+def test_second_moment_from_lower_blocks_and_row_chunks_equals_the_full_product(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only C's lower column blocks are accumulated, on chunks of rows; `matrix` must still be the
+    whole float64 X^T X (a width that the blocks do not divide, several chunks, padding)."""
+    monkeypatch.setattr(pca, "MOMENT_ROWS", 7)
+    signal = _signal(3, 10, 10, seed=3)
+    keep = torch.rand(3, 10, generator=torch.Generator().manual_seed(4)) > 0.2
+    moment = SecondMoment(10, torch.device("cpu"))
+    moment.add(signal, keep)
+    moment.add(signal[:1], keep[:1])
+
+    rows = torch.cat([signal[keep], signal[:1][keep[:1]]]).double()  # (positions, D)
+    torch.testing.assert_close(moment.matrix, rows.T @ rows, rtol=1e-12, atol=1e-12)
+    assert moment.positions == rows.shape[0]

@@ -15,6 +15,7 @@ from tests.workers.slicing.tiny import (
     relative_error,
     token_ids,
 )
+from workers.slicing import engine
 from workers.slicing.adapters import detect_family
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
 from workers.slicing.portable.sliced_modules import (
@@ -219,3 +220,28 @@ def test_slicing_a_stream_of_rank_d_to_width_d_preserves_logits(case: str) -> No
     assert report.width == 48
     error = relative_error(logits(model, ids), expected)
     assert error < TOLERANCE, f"{case}: relative logit error {error:.2e}"
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_passes_run_a_few_sequences_at_a_time_exactly_as_whole_batches(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory-saving chunked passes (engine.ACTIVATION_ROWS) give the sliced model the whole-batch
+    passes give, with padding masks that must be cut with their sequences (batches of 5, 2 per chunk)."""
+    calibration = torch.cat([token_ids(9, 16, seed=1), token_ids(9, 6, seed=5)], dim=1)  # (9, 22)
+    mask = torch.ones_like(calibration)
+    mask[::2, 16:] = 0  # every other sequence right-padded
+    ids = token_ids(2, 12, seed=2)
+    check = engine._check_block_structure
+    chunks: list[int] = []
+    monkeypatch.setattr(
+        engine, "_check_block_structure", lambda *args: chunks.append(check(*args)) or chunks[-1]
+    )
+    models = {}
+    for label, rows in (("whole", 10**6), ("chunked", 2 * 22)):
+        monkeypatch.setattr(engine, "ACTIVATION_ROWS", rows)
+        models[label] = build(case)
+        slice_model(models[label], calibration, mask, 0.25, batch_size=5)
+    assert chunks == [5, 2], "the passes did not run 2 sequences at a time"
+    error = relative_error(logits(models["chunked"], ids), logits(models["whole"], ids))
+    assert error < 1e-5, f"chunked passes changed the sliced model: relative logit error {error:.2e}"
