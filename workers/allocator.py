@@ -8,11 +8,11 @@ states, an MLP's activations, a rotated weight) comes from the heaps. Freed in a
 allocated, they fragment the heaps, which keep growing: slicing SmolLM2-135M on 128 x 512 windows
 ended 740 MiB above what it held (docs/architecture.md, "Memory").
 
-Two remedies were measured side by side (bench/README.md, "Host memory"): a fixed 1 MiB threshold
-(every large tensor mapped and unmapped) kept the least memory but cost 43 % more wall time, in
-page faults; `release_free_memory` between passes (glibc `malloc_trim`, which also frees pages in
-the middle of a heap) kept nearly as little for about 10 %. The engines use the second. It does
-nothing off glibc.
+Two remedies were measured on slicing (bench/README.md, "slicing_vs_reference.py"): a fixed 1 MiB
+threshold (every large tensor mapped and unmapped) kept the least memory but cost 43 % more wall
+time, in page faults; `release_free_memory` between passes (glibc `malloc_trim`, which also frees
+pages in the middle of a heap) kept nearly as little for 7-10 % (one run each at 32 x 512). The
+engines use the second. It does nothing off glibc.
 """
 
 from __future__ import annotations

@@ -171,4 +171,5 @@ def mapped_files(folder: Path) -> list[str]:
     except OSError:
         return []
     root = str(folder.resolve())
-    return sorted({line.split()[-1] for line in lines if line.split()[-1].startswith(root)})
+    paths = (line.split()[-1] for line in lines if line.strip())
+    return sorted({path for path in paths if path.startswith(root)})

@@ -147,11 +147,16 @@ def settle_host_weights(
         host = HostWeights("device", 0, 0, 0, "the model is resident on the device; the host keeps no copy")
     else:
         home, reason = choose_home(plan.model_bytes)
-        host = (
-            read_into_memory(model, folder, reason)
-            if home == "memory"
-            else HostWeights(home, 0, 0, 0, reason)
-        )
+        try:
+            host = (
+                read_into_memory(model, folder, reason)
+                if home == "memory"
+                else HostWeights(home, 0, 0, 0, reason)
+            )
+        except OSError as error:
+            raise ModelLoadError(
+                f"cannot read the weights in {folder} into memory ({error}); replace the model folder"
+            ) from error
     return dataclasses.replace(plan, host_weights=host)
 
 

@@ -194,7 +194,7 @@ def _rotation(basis: torch.Tensor, keep: int) -> PassFunction:
 
 
 def _by_sequences(
-    function: Callable[[torch.Tensor, tuple[Any, ...], dict[str, Any]], torch.Tensor],
+    function: PassFunction,
     hidden: torch.Tensor,
     call: BlockCall,
     size: int,
@@ -222,10 +222,7 @@ def _check_block_structure(
     hidden, call = _move((batch.hidden, batch.call(0)), compute)
     whole = hidden.shape[0]
     chunk = max(1, ACTIVATION_ROWS // hidden.shape[1])
-    try:
-        pair, (args, kwargs) = split_sequences(hidden, call, 2)[0]
-    except (IndexError, RuntimeError, TypeError):  # a call this model's masks cannot be cut by
-        pair, (args, kwargs), chunk = hidden, call, whole
+    pair, (args, kwargs) = split_sequences(hidden, call, 2)[0]
     wrapper = wrap_block(block, adapter)
     expected = block(pair, *args, **kwargs)
     expected = expected[0] if isinstance(expected, tuple) else expected
@@ -244,7 +241,7 @@ def _check_block_structure(
         return whole
     try:
         one_by_one = _by_sequences(lambda h, a, k: wrapper(h, *a, **k), pair, (args, kwargs), 1)
-    except (IndexError, RuntimeError, TypeError):
+    except (IndexError, RuntimeError, TypeError):  # a call argument this model's blocks cannot cut
         return whole
     return chunk if _relative_error(one_by_one, actual) <= tolerance else whole
 
