@@ -252,7 +252,11 @@ def taylor_tracking(client: Any, model: str, corpus: str) -> dict[str, Any]:
     }
 
 
-ZERO_POINT_MODES = ("zero-points, leave-one-curve-out", "zero-points, leave-one-model-out")
+ZERO_POINT_MODES = (
+    "zero-points, leave-one-curve-out",
+    "zero-points, leave-one-model-out",
+    "zero-points, other methods of the model",
+)
 
 
 def headline(backtests: dict[str, Any], anchor: float = ANCHOR) -> list[dict[str, Any]]:

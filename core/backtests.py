@@ -10,6 +10,10 @@ each measured width. Modes, each scoring a prediction only on points its coeffic
   curves only) and the lens-KL sum at face value need none;
 - `zero-points, leave-one-model-out`: pooled only from curves of *other models*, the question a
   team with a new model asks;
+- `zero-points, other methods of the model`: no point of this method on the held-out curve's model,
+  but curves of sibling methods (those predicted from the same kind of feature) on it and on other
+  models: the two-way prior of `core.cross_method`, which carries the model's sensitivity over from
+  the methods it was measured under; every curve of this method on this model is left out;
 - `one-point`: each measured point of a curve in turn is the only one known; the feature laws update
   the leave-one-curve-out prior with it (or fit it alone when no other curve has the feature), the
   calibrated laws (`core.laws`) fit it alone; the others are predicted;
@@ -26,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import feature_laws, laws
+from core import cross_method, feature_laws, laws
 from core.feature_laws import Coefficient
 from core.methods import stored_method_entry
 from core.profiles import UNCALIBRATED_FEATURE
@@ -101,6 +105,7 @@ class Score:
 
 ZERO_CURVE = "zero-points, leave-one-curve-out"
 ZERO_MODEL = "zero-points, leave-one-model-out"
+CROSS_METHOD = "zero-points, other methods of the model"
 ONE_POINT = "one-point"
 LOSO = "leave-one-sparsity-out"
 
@@ -165,6 +170,46 @@ def law_prior(law: FeatureLaw, training: Sequence[Curve]) -> LawFit | None:
     return LawFit(exponent, None)
 
 
+def cross_method_prior(law: FeatureLaw, training: Sequence[Curve], method: str, model: str) -> LawFit | None:
+    """The exponent pooled from `method`'s training curves and the two-way prior of c for `method`
+    on `model` (`core.cross_method`), each training curve fitted under its own method's exponent;
+    None when `method` has no training curve with the feature, or no curve links it to the model."""
+    usable = [
+        c for c in training if law.feature in c.features and not (c.method == method and c.model == model)
+    ]
+    if not any(c.method == method for c in usable) or not any(c.model == model for c in usable):
+        return None
+    exponents: dict[str, feature_laws.Exponent] = {}
+    for name in sorted({c.method for c in usable}):
+        if not law.power:
+            exponents[name] = feature_laws.LINEAR
+        elif pooled := feature_laws.pooled_exponent(
+            [c.feature_points(law.feature) for c in usable if c.method == name]
+        ):
+            exponents[name] = pooled
+    if method not in exponents:
+        return None
+    cells = []
+    for curve in usable:
+        if curve.method not in exponents:
+            continue
+        try:
+            points = curve.feature_points(law.feature, exponent=exponents[curve.method].value)
+            cells.append(cross_method.Cell(curve.method, curve.model, feature_laws.fit_curve(points)))
+        except ValueError:
+            continue
+    labels = ", ".join(c.label for c in usable)
+    beta = f", beta = {exponents[method].value:.3g} +- {exponents[method].sd:.2g}" if law.power else ""
+    source = f"method and model effects over {len(cells)} curve(s){beta}: {labels}"
+    prior = cross_method.two_way_prior(cells, method, model, source)
+    if prior is None:
+        return None
+    anchor = feature_laws.log_anchor(
+        [p for c in usable if c.method == method for p in c.feature_points(law.feature)]
+    )
+    return LawFit(exponents[method], prior, anchor)
+
+
 def law_coefficient(fit: LawFit, own: Sequence[tuple[float, float]], own_source: str) -> Coefficient | None:
     """c given the prior and the curve's own (F^beta, y) points; fitted on the points alone without a
     prior; None when nothing informs it."""
@@ -176,8 +221,12 @@ def law_coefficient(fit: LawFit, own: Sequence[tuple[float, float]], own_source:
         return None
 
 
-def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> list[Score]:
-    """Every predictor in every mode over `curves` (see the module docstring)."""
+def backtest(
+    curves: Sequence[Curve], *, siblings: Sequence[Curve] = (), level: float = laws.DEFAULT_LEVEL
+) -> list[Score]:
+    """Every predictor in every mode over `curves` (see the module docstring); `siblings` are
+    curves of other methods with the same kinds of feature, which only the cross-method mode
+    trains on and which are not scored."""
     scores: list[Score] = []
     features = sorted({name for curve in curves for name in curve.features})
     for law in (FeatureLaw(name, power) for name in features for power in (False, True)):
@@ -190,6 +239,10 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
                     every = range(len(curve.points))
                     held += _predict_all(curve, law, fit, fit.prior, every, fit.prior.source, fit.log_anchor)
             scores.append(Score(law.predictor, mode, level, tuple(held)))
+        pool = [*with_feature, *(c for c in siblings if law.feature in c.features)]
+        scores.append(
+            Score(law.predictor, CROSS_METHOD, level, tuple(_cross_method_held(law, with_feature, pool)))
+        )
         held = []
         for curve in with_feature:
             fit = law_prior(law, _other_curves(curve, with_feature))
@@ -228,6 +281,18 @@ def backtest(curves: Sequence[Curve], *, level: float = laws.DEFAULT_LEVEL) -> l
         calibrated = tuple(p for c in curves for p in _calibrated(c, level, one_point=one_point))
         scores.append(Score(CALIBRATED, mode, level, calibrated))
     return scores
+
+
+def _cross_method_held(law: FeatureLaw, curves: Sequence[Curve], pool: Sequence[Curve]) -> list[HeldOut]:
+    """Each curve predicted with zero points of its method on its model, from the other cells of
+    `pool` (`cross_method_prior` leaves out every curve of the held-out pair)."""
+    held = []
+    for curve in curves:
+        fit = cross_method_prior(law, pool, curve.method, curve.model)
+        if fit is not None and fit.prior is not None:
+            every = range(len(curve.points))
+            held += _predict_all(curve, law, fit, fit.prior, every, fit.prior.source, fit.log_anchor)
+    return held
 
 
 def _strict_law_applies(method: str) -> bool:

@@ -84,11 +84,11 @@ def fit_curve(points: Sequence[tuple[float, float]]) -> CurveFit:
     c = math.fsum(f * y for f, y in usable) / sff
     residual_sq = math.fsum((y - c * f) ** 2 for f, y in usable)
     dof = len(usable) - 1
-    sigma = _pooled_sigma(residual_sq, dof)
+    sigma = pooled_sigma(residual_sq, dof)
     return CurveFit(c=c, se=sigma / math.sqrt(sff), residual_sq=residual_sq, dof=dof)
 
 
-def _pooled_sigma(residual_sq: float, dof: int) -> float:
+def pooled_sigma(residual_sq: float, dof: int) -> float:
     """sigma pooled from the prior PPL_SIGMA0 (worth PRIOR_DOF) and the residuals."""
     return math.sqrt((PRIOR_DOF * PPL_SIGMA0**2 + residual_sq) / (PRIOR_DOF + dof))
 
@@ -158,7 +158,7 @@ def pool(fits: Sequence[CurveFit], source: str) -> Coefficient:
     tau_sq = (PRIOR_CURVES * prior_var + (n - 1) * between) / (PRIOR_CURVES + n - 1)
     tau_sq += (tau_sq + sampling) / n  # a new curve's c = its own deviation + the mean's error
     residual_sq = math.fsum(fit.residual_sq for fit in fits)
-    sigma = _pooled_sigma(residual_sq, sum(fit.dof for fit in fits))
+    sigma = pooled_sigma(residual_sq, sum(fit.dof for fit in fits))
     return Coefficient(mean, math.sqrt(tau_sq), sigma, source, curves=len(fits))
 
 
@@ -166,7 +166,7 @@ def from_points(points: Sequence[tuple[float, float]], source: str) -> Coefficie
     """c from the curve's own (F, y) points alone (a flat prior): its least-squares value and
     standard error; ValueError when no point has F > 0."""
     fit = fit_curve(points)
-    sigma = _pooled_sigma(fit.residual_sq, fit.dof)
+    sigma = pooled_sigma(fit.residual_sq, fit.dof)
     usable = sum(1 for f, y in points if f > MIN_FEATURE and math.isfinite(y))
     return Coefficient(fit.c, fit.se, sigma, source, points=usable)
 

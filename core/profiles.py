@@ -311,3 +311,16 @@ METHOD_FEATURES: dict[str, MethodFeatures] = {
     )
 }
 """The stored methods a profile predicts (unstructured only: N:M patterns and drops are not profiled)."""
+
+
+def sibling_methods(method: str) -> tuple[str, ...]:
+    """The other methods predicted from the same features (every mask rule's methods share the mask
+    aggregates; slicing has none): their coefficients can share a model effect (`core.cross_method`)."""
+    entry = METHOD_FEATURES.get(method)
+    if entry is None:
+        return ()
+    return tuple(
+        other.method
+        for other in METHOD_FEATURES.values()
+        if other.method != method and other.names == entry.names
+    )

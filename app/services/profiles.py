@@ -39,6 +39,7 @@ from app.schemas.profiles import (
 from app.services.series import finite
 from core import feature_laws
 from core.backtests import (
+    CROSS_METHOD,
     FACE_VALUE,
     ONE_POINT,
     ZERO_CURVE,
@@ -47,6 +48,7 @@ from core.backtests import (
     FeatureLaw,
     Score,
     backtest,
+    cross_method_prior,
     law_coefficient,
     law_prior,
 )
@@ -61,6 +63,7 @@ from core.profiles import (
     SignalSpectrum,
     feature_value,
     mask_feature_value,
+    sibling_methods,
 )
 from core.published import PUBLISHED
 from core.settings import Settings
@@ -229,17 +232,29 @@ def store_curves(session: Session, method: str) -> list[Curve]:
 BACKTEST_CACHE_SIZE = 32
 """(store, method, level) entries of `scored_curves` kept per process."""
 
-_scored: OrderedDict[tuple[Any, ...], tuple[list[Curve], list[Score]]] = OrderedDict()
+_scored: OrderedDict[tuple[Any, ...], ScoredCurves] = OrderedDict()
 _scored_lock = threading.Lock()
 
 
-def scored_curves(session: Session, method: str, level: float) -> tuple[list[Curve], list[Score]]:
-    """`store_curves` and their `backtest`, computed once per state of the store: rows of fits and
-    profiles are only ever inserted or deleted, so their count, largest id and newest creation time
-    change whenever what the backtests read changes (a reused id comes with a newer time)."""
+@dataclass(frozen=True)
+class ScoredCurves:
+    """A method's curves, the curves of its sibling methods (`core.profiles.sibling_methods`: the
+    cross-method pooling trains on them), and the backtests over the method's curves."""
+
+    curves: list[Curve]
+    siblings: list[Curve]
+    scores: list[Score]
+
+
+def scored_curves(session: Session, method: str, level: float) -> ScoredCurves:
+    """`store_curves` of the method and its siblings and their `backtest`, computed once per state of
+    the store: rows of fits and profiles are only ever inserted or deleted, so their count, largest
+    id and newest creation time change whenever what the backtests read changes (a reused id comes
+    with a newer time)."""
+    siblings = sibling_methods(method)
     fits = session.execute(
         select(func.count(Fit.id), func.max(Fit.id), func.max(Fit.created_at)).where(
-            Fit.method == method, Fit.metric == "ppl"
+            Fit.method.in_((method, *siblings)), Fit.metric == "ppl"
         )
     ).one()
     profiles = session.execute(
@@ -251,7 +266,8 @@ def scored_curves(session: Session, method: str, level: float) -> tuple[list[Cur
             _scored.move_to_end(key)
             return _scored[key]
     curves = store_curves(session, method)
-    answer = curves, backtest(curves, level=level)
+    others = [curve for sibling in siblings for curve in store_curves(session, sibling)]
+    answer = ScoredCurves(curves, others, backtest(curves, siblings=others, level=level))
     with _scored_lock:
         _scored[key] = answer
         while len(_scored) > BACKTEST_CACHE_SIZE:
@@ -318,7 +334,9 @@ def predict_before_pruning(
     calibrations), updated with this model's own points under the profile's calibration. The
     predictor with the lowest backtest MAPE in the mode that matches what is known is chosen: one
     point when the model has points under this calibration (conservative: all of them are used),
-    leave-one-curve-out when it has curves under other calibrations only, else leave-one-model-out."""
+    leave-one-curve-out when it has curves under other calibrations only, other methods of the model
+    when it has curves of sibling methods only (the two-way prior of `core.cross_method`), else
+    leave-one-model-out."""
     wanted = {key: value for key, value in (calibration or {}).items() if value is not None}
     profiles = [
         p
@@ -329,19 +347,19 @@ def predict_before_pruning(
         return None
     profile = max(profiles, key=lambda p: p.row.id)
     entry = METHOD_FEATURES[method]
-    curves, scored = scored_curves(session, method, level)
+    scored = scored_curves(session, method, level)
     model = profile.row.model_id
     own_key = calibration_key(profile.calibration)
-    own_curve = next((c for c in curves if c.model == model and c.calibration == own_key), None)
-    others = [c for c in curves if c.model != model or c.calibration != own_key]
-    if own_curve is not None:
-        mode = ONE_POINT
-    else:
-        mode = ZERO_CURVE if any(c.model == model for c in others) else ZERO_MODEL
-    scores = {(s.predictor, s.mode): s for s in scored}
+    own_curve = next((c for c in scored.curves if c.model == model and c.calibration == own_key), None)
+    others = [c for c in scored.curves if c.model != model or c.calibration != own_key]
+    mode = _known_mode(model, own_curve, others, scored.siblings)
+    scores = {(s.predictor, s.mode): s for s in scored.scores}
     answers = []
     for law in (FeatureLaw(name, power) for name in entry.names for power in (False, True)):
         fit = law_prior(law, others)
+        if mode == CROSS_METHOD:
+            # The model's sensitivity under its other methods, where a chain of curves links them.
+            fit = cross_method_prior(law, [*others, *scored.siblings], method, model) or fit
         if fit is None:
             continue
         own, anchor = [], fit.log_anchor  # c is pinned where its points are: the model's own, if any
@@ -382,9 +400,23 @@ def predict_before_pruning(
     )
 
 
-FALLBACK_MODES = {ZERO_MODEL: (ZERO_CURVE,)}
+def _known_mode(
+    model: str, own_curve: Curve | None, others: Sequence[Curve], siblings: Sequence[Curve]
+) -> str:
+    """The backtest mode that matches what the store knows of the model: points of its own under
+    the profile's calibration, curves of the method under other calibrations, curves of sibling
+    methods only, or nothing."""
+    if own_curve is not None:
+        return ONE_POINT
+    if any(c.model == model for c in others):
+        return ZERO_CURVE
+    return CROSS_METHOD if any(c.model == model for c in siblings) else ZERO_MODEL
+
+
+FALLBACK_MODES = {ZERO_MODEL: (ZERO_CURVE,), CROSS_METHOD: (ZERO_MODEL, ZERO_CURVE)}
 """Where the choice looks when its own mode has no backtest yet: a store holding curves of one model
-cannot score leave-one-model-out, but its other calibrations are held-out curves all the same."""
+cannot score leave-one-model-out, but its other calibrations are held-out curves all the same; a
+cross-method prior with too few scored pairs is chosen by the zero-point records."""
 
 
 def _choose(
@@ -504,7 +536,8 @@ def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
 
 def backtest_list(session: Session, method: str, level: float, *, points: bool = False) -> BacktestList:
     """Every predictor in every mode over the store's curves of `method`."""
-    curves, scored = scored_curves(session, method, level)
+    scored = scored_curves(session, method, level)
+    curves = scored.curves
     return BacktestList(
         method=method,
         level=level,
@@ -519,7 +552,7 @@ def backtest_list(session: Session, method: str, level: float, *, points: bool =
             )
             for c in curves
         ],
-        items=[score_public(score, points=points) for score in scored if score.n],
+        items=[score_public(score, points=points) for score in scored.scores if score.n],
     )
 
 

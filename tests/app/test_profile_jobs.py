@@ -3,12 +3,16 @@ score and predictions use, before the model is pruned and after."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from core.fits import MeasuredPoint, ppl_fit
+from core.store import Store
+from tests.app.store_points import add_series, ppl_protocol
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import wait_done
 from tests.app.test_sweep_jobs import sweep_body
@@ -191,3 +195,65 @@ def test_a_family_slicing_refuses_is_profiled_for_the_intra_layer_methods(
     assert_problem(api.post("/v1/jobs", json=sweep_body(model, [0.25])), 422)  # slicing still refuses it
     report = api.get(f"/v1/jobs/{job.json()['id']}/report")
     assert report.status_code == 200 and "mask removes from each block linear" in report.text
+
+
+def test_a_method_never_run_on_a_model_is_predicted_from_the_methods_that_were(
+    api: TestClient, start_worker: Any, clean_store: Store, tiny_model_dir: Path, model_root: Path
+) -> None:
+    from tests.tiny_models import build_tiny_causal_lm
+
+    worker = start_worker()
+    seen, new = str(tiny_model_dir), str(build_tiny_causal_lm(model_root / "tiny-llama-seed-1", seed=1))
+    features, calibrations = {}, {}
+    for model in (seen, new):
+        job = api.post("/v1/jobs", json=profile_body(model, sparsities=[0.25, 0.5], lens_tokens=0)).json()
+        wait_done(api, job["id"], worker)
+        profile = api.get(f"/v1/models/{model}/profile").json()
+        features[model] = profile["mask_features"]["wanda"]["output-error-mean"]  # at 0.25 and 0.5
+        calibrations[model] = profile["calibration"]
+    # Wanda measured on both models, SparseGPT only on the one seen before; the new model is the
+    # more sensitive one under Wanda.
+    measured = {
+        (seen, "wanda"): (110.0, 150.0),
+        (new, "wanda"): (130.0, 260.0),
+        (seen, "sparsegpt"): (105.0, 125.0),
+    }
+    with clean_store.session() as session:
+        for (model, method), (at_quarter, at_half) in measured.items():
+            points = [MeasuredPoint(0.25, at_quarter), MeasuredPoint(0.5, at_half)]
+            protocol = {**ppl_protocol(seqlen=64, max_windows=2), "calibration": calibrations[model]}
+            session.add(
+                ppl_fit(
+                    model_id=model,
+                    model_revision=None,
+                    method=method,
+                    dataset="wikitext2",
+                    protocol=protocol,
+                    dense=MeasuredPoint(0.0, 100.0),
+                    points=points,
+                    strict_law=False,
+                )
+            )
+    add_series(clean_store, new, 100.0, [], protocol=ppl_protocol(seqlen=64, max_windows=2))
+
+    def coefficient(model: str, method: str) -> float:  # least squares through the dense point
+        ys = [math.log(v / 100.0) for v in measured[(model, method)]]
+        fs = features[model]
+        return sum(f * y for f, y in zip(fs, ys, strict=True)) / sum(f * f for f in fs)
+
+    body = {
+        "model": new,
+        "method": "sparsegpt",
+        "sparsities": [0.5],
+        "protocol": {"seqlen": 64, "max_windows": 2},
+    }
+    response = api.post("/v1/predictions", json=body)
+    assert response.status_code == 200, response.text
+    before = response.json()["metrics"][0]["before_pruning"]
+    assert before["mode"] == "zero-points, other methods of the model" and before["own_points"] == 0
+    law = next(p for p in before["predictors"] if p["predictor"] == "feature law: output-error-mean")
+    expected = coefficient(seen, "sparsegpt") * coefficient(new, "wanda") / coefficient(seen, "wanda")
+    assert law["coefficient"]["value"] == pytest.approx(expected, rel=1e-9)
+    assert law["coefficient"]["source"].startswith("method and model effects over 3 curve(s)")
+    [point] = law["predictions"]
+    assert point["value"] == pytest.approx(100.0 * math.exp(expected * features[new][1]), rel=1e-9)

@@ -40,7 +40,7 @@ import torch
 from core.profiles import MASK_RULES
 from workers.pruning.linears import weight_out_in
 from workers.pruning.recording import InputStatistic, NewStatistic
-from workers.pruning.stream import row_chunks
+from workers.pruning.stream import add_squares
 
 MASK_TOKENS = 8192
 """Most tokens a linear's input moment C is estimated on (strided over the measured windows)."""
@@ -75,8 +75,7 @@ class MaskMoment:
 
     def add(self, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add the token inputs `rows` (n, in); `keep` (n,) marks the real tokens (None: all)."""
-        for chunk in row_chunks(rows, keep, torch.float64):
-            self.squares += chunk.pow(2).sum(dim=0)
+        add_squares(self.squares, rows, keep)
         real = torch.arange(rows.shape[0], device=rows.device)  # (n,)
         if keep is not None:
             real = real[keep.to(rows.device)]  # (m,) the real tokens' rows

@@ -13,13 +13,13 @@ from torch import nn
 
 from workers.pruning.linears import weight_out_in
 from workers.pruning.masks import select_mask
-from workers.pruning.stream import row_chunks
+from workers.pruning.stream import add_squares
 
 
 class FeatureSquares:
-    """Running sum over tokens of x_j^2 per input feature j, in float64.
+    """Running sum over tokens of x_j^2 per input feature j, accumulated in float64.
 
-    Memory: the (in,) sums plus one float64 chunk of rows (`stream.ROW_CHUNK_ELEMENTS`, 8 MiB).
+    Memory: the (in,) sums plus one float32 chunk of rows (`stream.ROW_CHUNK_ELEMENTS`).
     """
 
     def __init__(self, features: int, device: torch.device) -> None:
@@ -28,8 +28,7 @@ class FeatureSquares:
 
     def add(self, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add the token inputs `rows` (n, in); `keep` (n,) marks the real tokens (None: all)."""
-        for chunk in row_chunks(rows, keep, torch.float64):
-            self.sums += chunk.pow_(2).sum(dim=0)  # (in,)
+        add_squares(self.sums, rows, keep)
         self.tokens += rows.shape[0] if keep is None else int(keep.sum())
 
     @property
