@@ -193,12 +193,17 @@ def find_profile(
 
 def curve_label(fit: Fit) -> str:
     """A curve's name: model, method, calibration windows and perplexity protocol."""
-    calibration = fit.protocol.get("calibration", {})
+    calibration = fit.protocol.get("calibration")
     windows = fit.protocol.get("max_windows") or "all"
     published = "published: " if fit.protocol.get("source") == PUBLISHED else ""
+    calibrated = (
+        "no calibration"  # magnitude pruning reads no data
+        if not calibration
+        else f"calibration {calibration.get('corpus')} {calibration.get('num_sequences')}x"
+        f"{calibration.get('seqlen')} seed {calibration.get('seed')}"
+    )
     return (
-        f"{published}{fit.model_id} / {fit.method} / calibration {calibration.get('corpus')} "
-        f"{calibration.get('num_sequences')}x{calibration.get('seqlen')} seed {calibration.get('seed')} / "
+        f"{published}{fit.model_id} / {fit.method} / {calibrated} / "
         f"{fit.dataset} seqlen {fit.protocol.get('seqlen')} windows {windows}"
     )
 
@@ -222,11 +227,32 @@ def store_curves(session: Session, method: str) -> list[Curve]:
         )
         if not points or not (math.isfinite(fit.baseline) and fit.baseline > 1.0):
             continue
-        profile = profiles.get((fit.model_id, calibration_key(fit.protocol.get("calibration"))))
-        features = {} if profile is None else _features_at(profile, method, [s for s, _ in points])
         calibration = calibration_key(fit.protocol.get("calibration"))
+        profile = _profile_for(profiles, fit.model_id, calibration)
+        features = {} if profile is None else _features_at(profile, method, [s for s, _ in points])
         curves[label] = Curve(label, fit.model_id, method, fit.baseline, points, features, calibration)
     return list(curves.values())
+
+
+NO_CALIBRATION: CalibrationKey = calibration_key(None)
+"""The calibration key of a curve whose method reads no data (magnitude): any profile of its model
+measures its masks, which depend on the weights alone."""
+
+
+def matches_profile(curve_calibration: CalibrationKey, profile_calibration: CalibrationKey) -> bool:
+    """True when a curve's points were pruned with the windows a profile was made on (or read none)."""
+    return curve_calibration in (profile_calibration, NO_CALIBRATION)
+
+
+def _profile_for(
+    profiles: dict[tuple[str, CalibrationKey], StoredProfile], model: str, calibration: CalibrationKey
+) -> StoredProfile | None:
+    """The profile of `model` made on the curve's calibration windows; for a curve that read no
+    data, the model's newest profile."""
+    if calibration != NO_CALIBRATION:
+        return profiles.get((model, calibration))
+    own = [profile for (owner, _), profile in profiles.items() if owner == model]
+    return max(own, key=lambda profile: profile.row.id, default=None)
 
 
 BACKTEST_CACHE_SIZE = 32
@@ -350,8 +376,9 @@ def predict_before_pruning(
     scored = scored_curves(session, method, level)
     model = profile.row.model_id
     own_key = calibration_key(profile.calibration)
-    own_curve = next((c for c in scored.curves if c.model == model and c.calibration == own_key), None)
-    others = [c for c in scored.curves if c.model != model or c.calibration != own_key]
+    own_curves = [c for c in scored.curves if c.model == model and matches_profile(c.calibration, own_key)]
+    own_curve = own_curves[0] if own_curves else None
+    others = [c for c in scored.curves if c not in own_curves]
     mode = _known_mode(model, own_curve, others, scored.siblings)
     scores = {(s.predictor, s.mode): s for s in scored.scores}
     answers = []

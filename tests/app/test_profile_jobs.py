@@ -257,3 +257,27 @@ def test_a_method_never_run_on_a_model_is_predicted_from_the_methods_that_were(
     assert law["coefficient"]["source"].startswith("method and model effects over 3 curve(s)")
     [point] = law["predictions"]
     assert point["value"] == pytest.approx(100.0 * math.exp(expected * features[new][1]), rel=1e-9)
+
+
+def test_magnitude_curves_read_no_calibration_and_take_any_profile_of_their_model(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    profile = profile_body(model, sparsities=[0.25, 0.5], lens_tokens=0)
+    wait_done(api, api.post("/v1/jobs", json=profile).json()["id"], worker)
+    sweep = sweep_body(model, [0.25, 0.5], method="magnitude")
+    wait_done(api, api.post("/v1/jobs", json=sweep).json()["id"], worker)
+
+    backtests = api.get("/v1/backtests", params={"method": "magnitude"})
+    assert backtests.status_code == 200, backtests.text
+    [curve] = backtests.json()["curves"]
+    assert "/ no calibration /" in curve["label"] and set(curve["features"]) == MASK_FEATURES
+    body = {
+        "model": model,
+        "method": "magnitude",
+        "sparsities": [0.5],
+        "protocol": {"seqlen": 64, "max_windows": 2},
+    }
+    [metric] = api.post("/v1/predictions", json=body).json()["metrics"]
+    assert metric["before_pruning"]["own_points"] == 2 and metric["before_pruning"]["mode"] == "one-point"
