@@ -38,6 +38,15 @@ def predict(api: TestClient, model: str, sparsities: list[float]) -> dict[str, A
     return metric  # type: ignore[no-any-return]
 
 
+def prediction_body(model: str, method: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "method": method,
+        "sparsities": [0.5],
+        "protocol": {"seqlen": 64, "max_windows": 2},
+    }
+
+
 def test_a_profile_predicts_before_pruning_and_its_predictors_are_backtested_once_measured(
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:
@@ -152,12 +161,7 @@ def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
     assert held_out["n"] == 4 and held_out["curves"] == 2
     assert not any(predictor == "strict law" for predictor, _ in scored)  # a law of slicing only
 
-    body = {
-        "model": model,
-        "method": "wanda",
-        "sparsities": [0.5],
-        "protocol": {"seqlen": 64, "max_windows": 2},
-    }
+    body = prediction_body(model, "wanda")
     [metric] = api.post("/v1/predictions", json=body).json()["metrics"]
     before = metric["before_pruning"]
     assert before["own_points"] == 2 and before["mode"] == "one-point"  # the newest profile: seed 7
@@ -241,12 +245,7 @@ def test_a_method_never_run_on_a_model_is_predicted_from_the_methods_that_were(
         fs = features[model]
         return sum(f * y for f, y in zip(fs, ys, strict=True)) / sum(f * f for f in fs)
 
-    body = {
-        "model": new,
-        "method": "sparsegpt",
-        "sparsities": [0.5],
-        "protocol": {"seqlen": 64, "max_windows": 2},
-    }
+    body = prediction_body(new, "sparsegpt")
     response = api.post("/v1/predictions", json=body)
     assert response.status_code == 200, response.text
     before = response.json()["metrics"][0]["before_pruning"]
@@ -273,11 +272,6 @@ def test_magnitude_curves_read_no_calibration_and_take_any_profile_of_their_mode
     assert backtests.status_code == 200, backtests.text
     [curve] = backtests.json()["curves"]
     assert "/ no calibration /" in curve["label"] and set(curve["features"]) == MASK_FEATURES
-    body = {
-        "model": model,
-        "method": "magnitude",
-        "sparsities": [0.5],
-        "protocol": {"seqlen": 64, "max_windows": 2},
-    }
+    body = prediction_body(model, "magnitude")
     [metric] = api.post("/v1/predictions", json=body).json()["metrics"]
     assert metric["before_pruning"]["own_points"] == 2 and metric["before_pruning"]["mode"] == "one-point"
