@@ -379,8 +379,8 @@ def predict_before_pruning(
     own_curves = [c for c in scored.curves if c.model == model and matches_profile(c.calibration, own_key)]
     own_curve = own_curves[0] if own_curves else None
     others = [c for c in scored.curves if c not in own_curves]
-    mode = _known_mode(model, own_curve, others, scored.siblings)
     scores = {(s.predictor, s.mode): s for s in scored.scores}
+    mode, declined = _known_mode(model, own_curve, others, scored.siblings, scores)
     answers = []
     for law in (FeatureLaw(name, power) for name in entry.names for power in (False, True)):
         fit = law_prior(law, others)
@@ -417,6 +417,7 @@ def predict_before_pruning(
             )
         )
     chosen, reason = _choose(answers, scores, mode)
+    reason += declined
     if not answers:
         reason = (
             f"no measured {method} curve of a profiled model in the store to learn the laws' coefficients "
@@ -427,17 +428,59 @@ def predict_before_pruning(
     )
 
 
+def _best_mape(scores: dict[tuple[str, str], Score], mode: str) -> float | None:
+    """The lowest MAPE of any predictor scored on enough points in `mode`."""
+    mapes = [
+        score.mape
+        for (_, scored_mode), score in scores.items()
+        if scored_mode == mode and score.n >= MIN_BACKTEST_POINTS and score.mape is not None
+    ]
+    return min(mapes, default=None)
+
+
+def _carrying_over_pays(scores: dict[tuple[str, str], Score]) -> bool:
+    """False when the per-method pooling (leave-one-model-out) has a backtest record and the
+    cross-method prior has none or a worse one: the shared model effect is an assumption the store's
+    curves can contradict, as magnitude's did for SparseGPT (docs/science.md, "Pooling across
+    methods"). With neither scored, the prior that uses more of what is known answers."""
+    cross, pooled = _best_mape(scores, CROSS_METHOD), _best_mape(scores, ZERO_MODEL)
+    return pooled is None or (cross is not None and cross < pooled)
+
+
+def _best_record(scores: dict[tuple[str, str], Score]) -> str:
+    cross, pooled = _best_mape(scores, CROSS_METHOD), _best_mape(scores, ZERO_MODEL)
+    shown = [
+        f"{name} {value:.1%}"
+        for name, value in (("carried over", cross), ("pooled", pooled))
+        if value is not None
+    ]
+    return (
+        "best MAPE " + ", ".join(shown) + ("" if cross is not None else "; carrying over is not scored yet")
+    )
+
+
 def _known_mode(
-    model: str, own_curve: Curve | None, others: Sequence[Curve], siblings: Sequence[Curve]
-) -> str:
-    """The backtest mode that matches what the store knows of the model: points of its own under
+    model: str,
+    own_curve: Curve | None,
+    others: Sequence[Curve],
+    siblings: Sequence[Curve],
+    scores: dict[tuple[str, str], Score],
+) -> tuple[str, str]:
+    """The backtest mode that matches what the store knows of the model (points of its own under
     the profile's calibration, curves of the method under other calibrations, curves of sibling
-    methods only, or nothing."""
+    methods only, or nothing), and why the sibling methods were not used where they are not."""
     if own_curve is not None:
-        return ONE_POINT
+        return ONE_POINT, ""
     if any(c.model == model for c in others):
-        return ZERO_CURVE
-    return CROSS_METHOD if any(c.model == model for c in siblings) else ZERO_MODEL
+        return ZERO_CURVE, ""
+    if not any(c.model == model for c in siblings):
+        return ZERO_MODEL, ""
+    if _carrying_over_pays(scores):
+        return CROSS_METHOD, ""
+    return ZERO_MODEL, (
+        "; the model has curves of other methods, but carrying its sensitivity over from them has no "
+        f"better backtest record than pooling over other models ({_best_record(scores)})"
+    )
 
 
 FALLBACK_MODES = {ZERO_MODEL: (ZERO_CURVE,), CROSS_METHOD: (ZERO_MODEL, ZERO_CURVE)}
