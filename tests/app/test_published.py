@@ -88,8 +88,10 @@ def test_backtests_are_computed_once_per_state_of_the_store(
         import_published(session)  # new fits: the cached answer is stale
     assert len(api.get("/v1/backtests").json()["curves"]) == 2 and len(calls) == 2
     api.get("/v1/backtests", params={"level": 0.9})
+    assert calls == ["slicegpt"] * 3
+    api.get("/v1/backtests", params={"method": "wanda"})  # and its sibling methods' curves, once
     api.get("/v1/backtests", params={"method": "wanda"})
-    assert len(calls) == 4
+    assert calls[3:] == ["wanda", "sparsegpt", "magnitude", "magnitude-row"]
 
 
 def test_the_cli_imports_published_curves(tmp_path: Path) -> None:
