@@ -10,7 +10,7 @@ Usage (from the repository root; the sweeps first, into one store, then this):
 
 With `--method wanda` (or sparsegpt, magnitude, magnitude-row) the backtests and the prediction are
 that method's, predicted from the profiles' mask errors; sweep it first (`sweep_smollm2.py --method`),
-on each `--model` to be compared (e.g. `gemma-3-270m`, which slicing refuses), and profile each model
+on each `--model` to be compared (e.g. `gemma-3-270m`), and profile each model
 with this script (`--skip-cost`); the last run's backtests cover every model in the store, and
 `--cost-steps dense profile wanda` measures the profile against a Wanda prune instead of slicing.
 

@@ -33,20 +33,22 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",)),
     Family("phi", ("phi",), ("PhiForCausalLM",)),  # Phi-1.5, Phi-2: parallel residual, one norm
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",)),  # Pythia: parallel residual
+    # Gemma-2/3 (text): a norm on each branch's output, sliced by projecting after it
+    Family("gemma", ("gemma2", "gemma3_text"), ("Gemma2ForCausalLM", "Gemma3ForCausalLM")),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(family.name for family in FAMILIES)
 
 # Families we know and refuse on purpose, with the reason (matched on `model_type`).
-_POST_NORM_REASON = (
-    "its blocks normalise the attention and MLP outputs (post_attention_layernorm / "
-    "post_feedforward_layernorm) on the residual branch before the add; such a norm is not "
-    "invariant under a rotation of the residual stream, so SliceGPT's rotation cannot pass through it"
-)
 _KNOWN_REFUSALS: dict[str, str] = {
-    "gemma2": _POST_NORM_REASON,
-    "gemma3": _POST_NORM_REASON,
-    "gemma3_text": _POST_NORM_REASON,
-    "olmo2": _POST_NORM_REASON,
+    "olmo2": (
+        "its blocks read the residual stream with no norm before attention and the MLP and normalise "
+        "only the branch outputs, and its q/k norms span all heads; the engine has no adapter for "
+        "that structure"
+    ),
+    "gemma3": (
+        "this is the multimodal Gemma-3 (Gemma3ForConditionalGeneration); slice its text model, "
+        "saved as Gemma3ForCausalLM (model_type gemma3_text)"
+    ),
 }
 
 
@@ -65,6 +67,15 @@ _STOCK_LAYOUT_REASON = (
     "instead, which stock transformers cannot express); use layout 'per-layer'. The stock layout "
     "exists for RMSNorm families: "
 )
+_STOCK_LAYOUT_REASONS: dict[str, str] = {
+    "gemma": (
+        "its blocks normalise each branch's output before the residual add; at width d the stock "
+        "block would normalise the rotated, sliced output coordinate by coordinate, which is not what "
+        "the dense norm computed (the per-layer layout keeps that norm at width D and projects after "
+        "it, a matrix stock transformers has no place for); use layout 'per-layer'. The stock layout "
+        "exists for families whose only norms read the residual stream: "
+    ),
+}
 
 
 # Families whose HF forward reshapes the final stream to the embedding width (GPT-2's
@@ -143,11 +154,6 @@ def refusal_reason(config: Mapping[str, Any]) -> str | None:
     return family_config_refusal(family, config)
 
 
-def post_norm_refusal(config: Mapping[str, Any]) -> str:
-    """Why SliceGPT refuses a model whose blocks normalise each branch's output (Gemma-2/3, OLMo-2)."""
-    return unsupported_message(config, _POST_NORM_REASON)
-
-
 def known_refusal(config: Mapping[str, Any]) -> str | None:
     """The reason for a family we know and refuse on purpose (by `model_type`), else None."""
     model_type = config.get("model_type")
@@ -162,7 +168,8 @@ def stock_layout_refusal(config: Mapping[str, Any]) -> str | None:
     if family is None or family in _STOCK_LAYOUT_FAMILIES:
         return None  # unknown families are refused by `refusal_reason` already
     supported = ", ".join(f.name for f in FAMILIES if f.name in _STOCK_LAYOUT_FAMILIES)
-    return unsupported_message(config, _STOCK_LAYOUT_REASON + supported, into=" into the stock layout")
+    reason = _STOCK_LAYOUT_REASONS.get(family, _STOCK_LAYOUT_REASON)
+    return unsupported_message(config, reason + supported, into=" into the stock layout")
 
 
 def family_config_refusal(family: str, config: Mapping[str, Any]) -> str | None:

@@ -11,6 +11,8 @@ Sliced layout (D = hidden size, d = kept width, L = blocks, V = vocabulary):
 - norms lose their parameters (folded into the readers; replaced by a weight-free RMSNorm);
   LayerNorm biases become biases of the readers, which gain one if they had none (the LM head
   too, for the final LayerNorm);
+- a branch that ends at a norm (Gemma-2/3) keeps its writers at D rows, and that norm's D scale
+  becomes a D x d projection (the rotation follows the norm; `sliced_modules.ProjectedRMSNorm`);
 - each sequential block gains two skip matrices, d x d each, so about 2 * L * d^2 in all;
   a parallel-residual block (Phi-2, Pythia) gains one;
 - the LM head is untied from the embeddings (V x D more parameters for tied models) and keeps its
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.families import family_from_config, head_sliced_by_default
@@ -71,6 +73,7 @@ class _Shape:
     norms_per_block: int = 2  # 1 where both branches read one norm (Phi-2)
     parallel: bool = False  # parallel residual: one skip per block, attention writes the block output
     head_bias: bool = False
+    output_norms: bool = False  # a norm on each branch's output (Gemma-2/3): writers keep D rows
 
 
 def _llama_shape(config: Mapping[str, Any]) -> _Shape:
@@ -101,6 +104,14 @@ def _llama_shape(config: Mapping[str, Any]) -> _Shape:
         norm_params=hidden,
         tied=bool(config.get("tie_word_embeddings", False)),
     )
+
+
+def _gemma_shape(config: Mapping[str, Any]) -> _Shape:
+    """Llama's linears (no MLP bias), four norms per block, per-head q/k norms in Gemma-3."""
+    llama = _llama_shape({**config, "model_type": "llama", "mlp_bias": False})
+    head_dim = int(config.get("head_dim") or llama.hidden // int(config["num_attention_heads"]))
+    gemma3 = config.get("model_type") == "gemma3_text"
+    return replace(llama, extra_attn=2 * head_dim if gemma3 else 0, norms_per_block=4, output_norms=True)
 
 
 def _opt_shape(config: Mapping[str, Any]) -> _Shape:
@@ -208,6 +219,7 @@ _SHAPES: dict[str, Callable[[Mapping[str, Any]], _Shape]] = {
     "gpt2": _gpt2_shape,
     "phi": _phi_shape,
     "gpt_neox": _gpt_neox_shape,
+    "gemma": _gemma_shape,
 }
 """Family (core.families) -> the sizes its parameter formula needs, from the config."""
 
@@ -285,17 +297,22 @@ def predict_sliced_param_count(
         # a sequential block's attention writes the stream between its branches (width d)
         attn_out_width = out_width if s.parallel else width
         skips = width * out_width if s.parallel else width * width + width * out_width
+        # with output norms the writers keep D rows and each norm becomes a D x width projection
+        attn_rows = s.hidden if s.output_norms else attn_out_width
+        mlp_rows = s.hidden if s.output_norms else out_width
+        projections = s.output_norms * s.hidden * (attn_out_width + out_width)
         return (
             width * s.attn_in_out
             + attn_in_bias * s.attn_in_out
-            + s.attn_inner * attn_out_width
-            + s.attn_out_bias * attn_out_width
+            + s.attn_inner * attn_rows
+            + s.attn_out_bias * attn_rows
             + s.extra_attn
             + width * s.mlp_in_out
             + mlp_in_bias * s.mlp_in_out
-            + s.mlp_inner * out_width
-            + s.mlp_out_bias * out_width
+            + s.mlp_inner * mlp_rows
+            + s.mlp_out_bias * mlp_rows
             + skips
+            + projections
         )
 
     last_width = width if slice_head else s.hidden

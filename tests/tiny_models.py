@@ -20,53 +20,32 @@ BYTE_TOKENS = 256
 VOCAB_SIZE = BYTE_TOKENS + 2  # 256 byte tokens, then BOS, then EOS
 BOS_ID, EOS_ID = BYTE_TOKENS, BYTE_TOKENS + 1
 
+# The sizes every decoder-only family below shares.
+_DECODER: dict[str, Any] = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+)
 # family -> (config class name, small-config defaults). Every config reads tokens the same way.
 _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": (
         "LlamaConfig",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=256,
-        ),
+        dict(_DECODER),
     ),
     "mistral": (
         "MistralConfig",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=256,
-            sliding_window=None,
-        ),
+        {**_DECODER, "sliding_window": None},
     ),
     "qwen2": (
         "Qwen2Config",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=256,
-        ),
+        dict(_DECODER),
     ),
     "phi3": (
         "Phi3Config",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=256,
-            original_max_position_embeddings=256,
-        ),
+        {**_DECODER, "original_max_position_embeddings": 256},
     ),
     "opt": (
         "OPTConfig",
@@ -85,18 +64,13 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "GPT2Config",
         dict(n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256),
     ),
+    "gemma": (  # Gemma-1: Llama's structure, (1 + weight) norms, which slicing refuses
+        "GemmaConfig",
+        {**_DECODER, "head_dim": 16},
+    ),
     "gemma3_text": (
         "Gemma3TextConfig",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            max_position_embeddings=256,
-            sliding_window=64,
-        ),
+        {**_DECODER, "head_dim": 16, "sliding_window": 64},
     ),
 }
 FAMILIES = tuple(_FAMILIES)

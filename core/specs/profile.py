@@ -26,7 +26,7 @@ class ProfileJobCreate(ModelSpec):
     its Taylor estimate, NLL increase) when the signal is projected on its top-d eigenvectors, at
     each sparsity's width d; and per block linear the share of its output energy the Wanda,
     magnitude and per-row magnitude masks would remove at each sparsity (what predicts wanda,
-    sparsegpt, magnitude and magnitude-row). A model slicing refuses (Gemma) is profiled by its block
+    sparsegpt, magnitude and magnitude-row). A model slicing refuses (Gemma-1) is profiled by its block
     outputs and mask errors only. Read it back at `GET /v1/models/{model}/profile`."""
 
     kind: Literal["profile"]

@@ -132,6 +132,32 @@ def test_prune_jobs_run_through_a_real_rq_worker_and_measure_the_dense_baseline_
     assert api.get(f"/v1/jobs/{second['id']}/artifacts").json()["items"] == []
 
 
+def test_a_gemma3_model_is_sliced_per_layer_and_refused_in_the_stock_layout(
+    api: TestClient, start_worker: Any, model_root: Path, rq_settings: Settings
+) -> None:
+    from tests.tiny_models import build_tiny_causal_lm
+
+    model = build_tiny_causal_lm(model_root / "tiny-gemma3-sliced", "gemma3_text")
+    stock = assert_problem(api.post("/v1/jobs", json=prune_body(str(model), layout="stock")), 422)
+    assert "normalise each branch's output" in stock["detail"] and "per-layer" in stock["detail"]
+    worker = start_worker()
+    job = api.post("/v1/jobs", json=prune_body(str(model), 0.25))
+    assert job.status_code == 202, job.text
+    wait_done(api, job.json()["id"], worker)
+    results = job_results(api, job.json()["id"])
+    slicing = results["slicegpt/ppl"]["protocol"]["slicing"]
+    assert slicing["family"] == "gemma" and slicing["width"] == 48
+    assert slicing["params_after"] == slicing["predicted_params_after"]
+    [artifact] = api.get(f"/v1/jobs/{job.json()['id']}/artifacts").json()["items"]
+    reloaded = load_sliced(Path(artifact["path"]))
+    eval_ids = tokenize_corpus(
+        AutoTokenizer.from_pretrained(model), load_wikitext2_test(rq_settings), settings=rq_settings
+    )
+    with torch.no_grad():
+        rescored = perplexity(reloaded, eval_ids, seqlen=64, max_windows=2)
+    assert rescored.ppl == pytest.approx(results["slicegpt/ppl"]["value"], rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -162,7 +188,7 @@ def test_prune_without_method_is_refused(api: TestClient, tiny_model_dir: Path) 
     ("config", "fragment"),
     [
         ({"model_type": "bloom", "architectures": ["BloomForCausalLM"]}, "no adapter recognises"),
-        ({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}, "post_attention_layernorm"),
+        ({"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"]}, "no norm before attention"),
     ],
 )
 def test_unsupported_architecture_is_refused_at_submit_naming_the_supported_families(

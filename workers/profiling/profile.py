@@ -28,8 +28,8 @@ final norm reads) it keeps:
   float32 whatever the model dtype.
 
 LayerNorm families (OPT, GPT-2, ...) are sliced after their mean is removed, so their signals are
-profiled centred (x - mean(x)), as slicing's PCAs see them. A family slicing refuses (Gemma's
-post-branch norms) runs each block whole and profiles only the block outputs; its slicing refusal
+profiled centred (x - mean(x)), as slicing's PCAs see them. A family slicing refuses (Gemma-1's
+(1 + weight) norms, for one) runs each block whole and profiles only the block outputs; its slicing refusal
 is reported, and what the profile offers it is the mask errors below.
 
 Per block linear, the same pass also measures what each unstructured mask rule would remove at

@@ -10,7 +10,9 @@ Entry point: `slice_model`. It modifies the model in place:
    fold its norms; attention readers W @ Qa (d input columns); run attention with the skip
    Qa[:, :d]^T, giving the residual h in the original basis; PCA(h) -> Qb; attention writers
    Qb^T W (d rows); MLP readers W @ Qb; run the MLP with the skip Qb[:, :d]^T, giving the block
-   output y; PCA(y) -> Qc; MLP writers Qc^T W (d rows); the block's skips become
+   output y; PCA(y) -> Qc; MLP writers Qc^T W (d rows); (a branch that ends at a norm, Gemma's,
+   keeps its writers and that norm at width D and projects after the norm instead,
+   `sliced_modules.ProjectedRMSNorm`); the block's skips become
    S_attn = Qa[:, :d]^T Qb[:, :d] and S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs
    are y @ Qc[:, :d], so slicing errors upstream feed every later PCA. Parallel-residual blocks
    (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d];
@@ -65,8 +67,9 @@ from workers.slicing.portable.sliced_modules import (
     SkipConnectedBlock,
     wrap_block,
 )
+from workers.slicing.rotation import rotate_branch_output
 from workers.slicing.stream import PassFunction, rewrite_stream
-from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
+from workers.slicing.weights import rotate_embedding, rotate_readers
 
 # Positions a block's passes run at once (whole sequences, at least one): attention's and the MLP's
 # intermediates stay a few MB whatever the calibration batch.
@@ -492,7 +495,7 @@ def _slice_sequential_block(
         )
     release_free_memory()  # the pass's activations are freed
     _, basis_mid = principal_basis(moment.matrix)  # Qb
-    rotate_writers(adapter.attn_writers(block), basis_mid, d_mid)
+    rotate_branch_output(adapter, block, "attention", basis_mid, d_mid)
     rotate_readers(adapter.mlp_readers(block), basis_mid, d_mid)
     attn_skip = basis_in[:, :d_in].T @ basis_mid[:, :d_mid]  # (d_in, d_mid)
     wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
@@ -505,7 +508,7 @@ def _slice_sequential_block(
         rewrite_stream(batch, full, mlp, chunk=chunk, compute=compute, moment=moment)
     release_free_memory()
     _, basis_out = principal_basis(moment.matrix)  # Qc
-    rotate_writers(adapter.mlp_writers(block), basis_out, d_out)
+    rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
     wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
     for batch in batches:  # (B, T, d_out): the next block's input
@@ -541,7 +544,8 @@ def _slice_parallel_block(
         )
     release_free_memory()
     _, basis_out = principal_basis(moment.matrix)  # Qc
-    rotate_writers(adapter.attn_writers(block) + adapter.mlp_writers(block), basis_out, d_out)
+    rotate_branch_output(adapter, block, "attention", basis_out, d_out)
+    rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, _rotation(basis_out, d_out), chunk=chunk, compute=compute)

@@ -7,11 +7,12 @@ every family; slicing is the same surgery with a different Q per signal and colu
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from workers.slicing.adapters.base import FamilyAdapter
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
-from workers.slicing.weights import rotate_embedding, rotate_readers, rotate_writers
+from workers.slicing.weights import project_output_norm, rotate_embedding, rotate_readers, rotate_writers
 
 
 @torch.no_grad()
@@ -25,8 +26,25 @@ def rotate_fused_model(model: PreTrainedModel, adapter: FamilyAdapter, basis: to
         rotate_embedding(embedding, basis, width)
     for block in adapter.blocks(model):
         rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis, width)
-        rotate_writers(adapter.attn_writers(block) + adapter.mlp_writers(block), basis, width)
+        rotate_branch_output(adapter, block, "attention", basis, width)
+        rotate_branch_output(adapter, block, "mlp", basis, width)
     rotate_readers([adapter.lm_head(model)], basis, width)
+
+
+def rotate_branch_output(
+    adapter: FamilyAdapter, block: nn.Module, branch: str, basis: torch.Tensor, keep: int
+) -> None:
+    """Make `branch` ("attention" or "mlp") write into basis Q, keeping `keep` directions: its
+    writers become Q^T W, or, where the branch ends at a norm (Gemma), the writers stay at width D
+    and the norm becomes a `ProjectedRMSNorm` onto Q[:, :keep] (a rotation cannot pass through a
+    norm that rescales each coordinate, but it can follow it)."""
+    norm = adapter.output_norm(block, branch)
+    if norm is None:
+        writers = adapter.attn_writers(block) if branch == "attention" else adapter.mlp_writers(block)
+        rotate_writers(writers, basis, keep)
+        return
+    scale, _ = adapter.norm_scale_shift(norm)
+    adapter.set_output_norm(block, branch, project_output_norm(norm, scale, basis, keep))
 
 
 def random_orthogonal(width: int, seed: int = 0) -> torch.Tensor:

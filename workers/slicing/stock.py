@@ -66,6 +66,7 @@ from workers.slicing.portable.sliced_modules import SkipConnectedBlock, norm_eps
 from workers.slicing.portable.sliced_weights import tensor_of
 from workers.slicing.weights import fold_norm_into_readers, rotate_embedding, rotate_readers, rotate_writers
 
+BRANCHES = ("attention", "mlp")
 EPSILON_ATTRIBUTES = ("variance_epsilon", "eps")  # where HF RMSNorm modules keep their epsilon
 
 
@@ -115,9 +116,16 @@ class PooledMoment:
 
 
 def _check_stock_family(model: PreTrainedModel, adapter: FamilyAdapter) -> None:
-    if adapter.uses_layernorm or any(adapter.is_parallel(block) for block in adapter.blocks(model)):
+    """Refuse what the stock layout cannot express: LayerNorms, parallel-residual blocks, norms on
+    branch outputs (by structure, whatever the config calls the model)."""
+    blocks = adapter.blocks(model)
+    if (
+        adapter.uses_layernorm
+        or any(adapter.is_parallel(block) for block in blocks)
+        or any(adapter.output_norm(block, branch) is not None for block in blocks for branch in BRANCHES)
+    ):
         reason = stock_layout_refusal(config_dict(model)) or unsupported_message(
-            config_dict(model), "its blocks are parallel-residual or use LayerNorm"
+            config_dict(model), "its blocks are parallel-residual, use LayerNorm or normalise branch outputs"
         )
         raise UnsupportedArchitectureError(reason)
 

@@ -6,7 +6,9 @@ no caller cares). A rotation Q (D x D, orthogonal, columns sorted by importance)
 stream to h @ Q, so:
 - a reader's weight becomes W @ Q, and keeps the first d input columns when sliced;
 - a writer's weight becomes Q.T @ W and its bias b @ Q, keeping the first d output rows;
-- an embedding table E (rows are stream vectors) becomes E @ Q, keeping d columns.
+- an embedding table E (rows are stream vectors) becomes E @ Q, keeping d columns;
+- a norm on a branch's output (scale a) becomes a `ProjectedRMSNorm` with P = diag(a) Q[:, :d],
+  and the writers before it keep their D rows.
 All arithmetic runs in float64 on the device of Q, on chunks of ROW_CHUNK rows (or columns, for
 column-independent maps), so no whole-matrix float64 copy exists; results are cast back to the
 parameter's dtype and stored where the parameter was.
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from workers.slicing.portable.sliced_modules import ProjectedRMSNorm, norm_epsilon
 from workers.slicing.portable.sliced_weights import (
     bias_of,
     set_bias,
@@ -115,3 +118,17 @@ def rotate_writers(writers: list[nn.Module], basis: torch.Tensor, keep: int) -> 
 def rotate_embedding(embedding: nn.Embedding, basis: torch.Tensor, keep: int) -> None:
     rotated = _map_rows(embedding.weight, lambda rows: rows @ basis[:, :keep], basis.device)
     set_embedding(embedding, rotated)  # (rows, keep)
+
+
+def project_output_norm(
+    norm: nn.Module, scale: torch.Tensor | None, basis: torch.Tensor, keep: int
+) -> ProjectedRMSNorm:
+    """The `ProjectedRMSNorm` replacing a branch-output norm of scale `scale` (None: 1): its
+    projection diag(scale) Q[:, :keep] (D, keep), computed in float64, stored in the norm's dtype."""
+    like = next(norm.parameters(), None)
+    dtype = like.dtype if like is not None else torch.float32
+    projection = basis[:, :keep]
+    if scale is not None:
+        projection = _f64(scale, basis.device)[:, None] * projection  # (D, keep)
+    device = like.device if like is not None else basis.device
+    return ProjectedRMSNorm(projection.to(device=device, dtype=dtype), norm_epsilon(norm))

@@ -32,21 +32,26 @@ def _block_records(records: list[Any], space: str, metric: str) -> dict[int, flo
     }
 
 
-@pytest.mark.parametrize("layout", ["per-layer", "stock"])
-def test_a_model_sliced_at_sparsity_zero_shows_no_shift_through_its_bases(layout: str) -> None:
-    dense, sliced, report = _sliced(layout, 0.0)
-    records = counterfactual_probe(dense, sliced, [0, 1], PROMPTS, bases=report.bases)
+CASES = [("per-layer", "llama"), ("stock", "llama"), ("per-layer", "gemma3")]
+
+
+@pytest.mark.parametrize(("layout", "case"), CASES)
+def test_a_model_sliced_at_sparsity_zero_shows_no_shift_through_its_bases(layout: str, case: str) -> None:
+    dense, sliced, report = _sliced(layout, 0.0, case)
+    layers = list(range(dense.config.num_hidden_layers))
+    records = counterfactual_probe(dense, sliced, layers, PROMPTS, bases=report.bases)
     assert {r.sublayer for r in records} == {"block"}
     angle = _block_records(records, "embedding", "1-cos")
     kl = _block_records(records, "probs", "kl")
-    assert set(angle) == set(kl) == {0, 1}
+    assert set(angle) == set(kl) == set(layers)
     assert max(angle.values()) < 1e-6 and max(kl.values()) < 1e-7
 
 
-@pytest.mark.parametrize("layout", ["per-layer", "stock"])
-def test_a_sliced_model_shows_its_shift_block_by_block(layout: str) -> None:
-    dense, sliced, report = _sliced(layout, 0.5)
-    records = counterfactual_probe(dense, sliced, [0, 1], PROMPTS, bases=report.bases)
+@pytest.mark.parametrize(("layout", "case"), CASES)
+def test_a_sliced_model_shows_its_shift_block_by_block(layout: str, case: str) -> None:
+    dense, sliced, report = _sliced(layout, 0.5, case)
+    layers = list(range(dense.config.num_hidden_layers))
+    records = counterfactual_probe(dense, sliced, layers, PROMPTS, bases=report.bases)
     assert min(_block_records(records, "embedding", "1-cos").values()) > 1e-3
     assert min(_block_records(records, "probs", "kl").values()) > 1e-4
 

@@ -11,6 +11,7 @@ from core.profiles import LensMeans, SignalSpectrum
 from tests.workers.slicing.tiny import build, token_ids
 from workers.probing.deviation import probability_deviations
 from workers.profiling import ProfileStopped, SignalProfile, profile_model
+from workers.slicing.adapters import detect_family
 
 
 @pytest.fixture(autouse=True)
@@ -68,19 +69,29 @@ def test_discarded_energy_of_a_low_rank_stream_is_zero_at_its_rank() -> None:
         assert signal.lens[8].kl > 1e-3
 
 
-def test_eigenvalues_are_those_of_the_uncentred_second_moment() -> None:
-    model = build("llama")
+@pytest.mark.parametrize("case", ["llama", "gemma3"])
+def test_eigenvalues_are_those_of_the_uncentred_second_moment(case: str) -> None:
+    """Of the stream the MLP norm reads and of the block output, as the dense model computes them
+    (Gemma: after the attention branch's output norm)."""
+    model = build(case)
     ids = token_ids(4, 16)
     report = profile_model(model, ids, None, [0.5], batch_size=3)
+    adapter = detect_family(model)
+    seen: list[torch.Tensor] = []
+    hook = adapter.mlp_norm(adapter.blocks(model)[0]).register_forward_pre_hook(
+        lambda _module, args: seen.append(args[0].detach())
+    )
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[1]  # block 0 output
-    x = hidden.double().reshape(-1, hidden.shape[-1])
-    expected = torch.linalg.eigvalsh(x.T @ x / x.shape[0]).flip(0)
-    signal = next(s for s in report.signals if s.name == "block 0 output")
-    assert torch.allclose(
-        torch.tensor(signal.eigenvalues, dtype=torch.float64), expected, rtol=1e-6, atol=1e-9
-    )
-    assert sum(signal.token_energy) == pytest.approx(1.0, abs=1e-9)
+    hook.remove()
+    for name, stream in (("block 0 pre-mlp", seen[0]), ("block 0 output", hidden)):
+        x = stream.double().reshape(-1, stream.shape[-1])
+        expected = torch.linalg.eigvalsh(x.T @ x / x.shape[0]).flip(0)
+        signal = next(s for s in report.signals if s.name == name)
+        assert torch.allclose(
+            torch.tensor(signal.eigenvalues, dtype=torch.float64), expected, rtol=1e-5, atol=1e-9
+        ), name
+        assert sum(signal.token_energy) == pytest.approx(1.0, abs=1e-9)
 
 
 def test_lens_readings_equal_the_probe_deviations_of_the_projected_signal() -> None:

@@ -15,7 +15,15 @@ from tests.workers.slicing.tiny import _COMMON, _DECODER, CONFIGS, build_from_co
 from workers.pruning.linears import block_linears, weight_out_in
 from workers.slicing.adapters import match_structure
 
-__all__ = ["MIXED", "build", "calibration", "scale_writers", "token_ids", "weights_by_name"]
+__all__ = [
+    "MIXED",
+    "SLICING_REFUSES",
+    "build",
+    "calibration",
+    "scale_writers",
+    "token_ids",
+    "weights_by_name",
+]
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Layers of two attention types; a 4-token window is short enough against 16-token rows that
@@ -36,12 +44,17 @@ MIXED: dict[str, Callable[[], PretrainedConfig]] = {
         layer_types=[FULL, SLIDING, SLIDING],
     ),
 }
+# A structure the pruners and the profile know (Llama's) with norms slicing cannot fold: Gemma-1's
+# RMSNorm scales by (1 + weight), and the family has no adapter of its own.
+SLICING_REFUSES: dict[str, Callable[[], PretrainedConfig]] = {
+    "gemma1": lambda: transformers.GemmaConfig(**_DECODER, **_COMMON, head_dim=16),
+}
 
 
 def build(case: str = "llama", layers: int | None = None, seed: int = 0, **overrides: Any) -> PreTrainedModel:
     """A tiny fp32 model in eval mode (`layers` overrides the depth, `overrides` any config field)
     with random norm scales and biases."""
-    config = {**CONFIGS, **MIXED}[case]()
+    config = {**CONFIGS, **MIXED, **SLICING_REFUSES}[case]()
     if layers is not None:
         config.num_hidden_layers = layers
         if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer (qwen2...)

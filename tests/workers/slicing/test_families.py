@@ -9,7 +9,7 @@ import pytest
 import transformers
 from transformers import AutoModelForCausalLM
 
-from core.families import family_from_config, refusal_reason, supported_families_text
+from core.families import family_from_config, refusal_reason, stock_layout_refusal, supported_families_text
 from core.param_count import predict_sliced_param_count, sliced_width
 from tests.workers.slicing.tiny import build, token_ids
 from workers.slicing.adapters import UnsupportedArchitectureError, detect_family
@@ -39,6 +39,8 @@ SMALL_DECODER = {
         ("phi", "phi"),
         ("gpt_neox", "gpt_neox"),
         ("gpt_neox_sequential", "gpt_neox"),
+        ("gemma3", "gemma"),
+        ("gemma2", "gemma"),
     ],
 )
 def test_detect_family_recognises_every_supported_architecture(case: str, family: str) -> None:
@@ -57,7 +59,7 @@ def test_detect_family_goes_by_structure_not_by_name() -> None:
     ("config", "reason"),
     [
         (transformers.BloomConfig(**SMALL, hidden_size=64, n_layer=2, n_head=4), "no adapter recognises"),
-        (transformers.Gemma3TextConfig(**SMALL_DECODER, head_dim=16), "post_feedforward_layernorm"),
+        (transformers.Olmo2Config(**SMALL_DECODER), "no norm before attention"),
     ],
 )
 def test_detect_family_refuses_unsupported_architectures_listing_supported_ones(
@@ -125,7 +127,10 @@ def test_opt_with_projected_embeddings_is_refused_with_the_reason() -> None:
         ({"model_type": "gpt_neox"}, "gpt_neox"),
         ({"architectures": ["PhiForCausalLM"]}, "phi"),
         ({"model_type": "bloom"}, None),
-        ({"model_type": "gemma3_text"}, None),
+        ({"model_type": "gemma3_text"}, "gemma"),
+        ({"architectures": ["Gemma2ForCausalLM"]}, "gemma"),
+        ({"model_type": "gemma"}, None),  # Gemma-1: (1 + weight) norms without output norms
+        ({"model_type": "olmo2"}, None),
         ({}, None),
     ],
 )
@@ -137,10 +142,18 @@ def test_family_from_config_reads_model_type_and_architectures(
 
 def test_refusal_reason_is_none_for_supported_configs_and_explains_the_rest() -> None:
     assert refusal_reason({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}) is None
-    reason = refusal_reason({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]})
-    assert (
-        reason is not None and "not invariant under a rotation" in reason and "Supported families" in reason
-    )
+    assert refusal_reason({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}) is None
+    reason = refusal_reason({"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"]})
+    assert reason is not None and "no norm before attention" in reason and "Supported families" in reason
+    multimodal = refusal_reason({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]})
+    assert multimodal is not None and "gemma3_text" in multimodal
+
+
+def test_the_stock_layout_refuses_gemma_naming_its_branch_output_norms() -> None:
+    reason = stock_layout_refusal({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]})
+
+    assert reason is not None and "normalise each branch's output" in reason and "per-layer" in reason
+    assert stock_layout_refusal({"model_type": "llama"}) is None
 
 
 def test_family_and_formula_modules_do_not_import_torch() -> None:

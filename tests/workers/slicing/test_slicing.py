@@ -188,7 +188,9 @@ def test_parallel_residual_blocks_get_one_skip_matrix(case: str, parallel: bool)
 def _confine_residual_stream(model: torch.nn.Module, rank: int) -> None:
     """Make every residual writer (embeddings, attention and MLP outputs, their biases) write
     inside one random rank-`rank` subspace orthogonal to the all-ones vector (so that LayerNorm
-    mean removal keeps it). The residual stream then never leaves that subspace."""
+    mean removal keeps it). The residual stream then never leaves that subspace. Where a branch
+    ends at a norm of scale g (Gemma), its writers write inside diag(1/g) of the subspace, so that
+    the norm's output, diag(g) times a multiple of theirs, is inside it."""
     adapter = detect_family(model)
     width = model.config.hidden_size
     generator = torch.Generator().manual_seed(7)
@@ -200,10 +202,18 @@ def _confine_residual_stream(model: torch.nn.Module, rank: int) -> None:
         for embedding in adapter.embeddings(model):
             embedding.weight.copy_(embedding.weight.double() @ projector)
         for block in adapter.blocks(model):
-            for writer in adapter.attn_writers(block) + adapter.mlp_writers(block):
-                set_weight_out_in(writer, projector @ weight_out_in(writer).double())
-                if writer.bias is not None:
-                    writer.bias.copy_(writer.bias.double() @ projector)
+            for branch in ("attention", "mlp"):
+                norm = adapter.output_norm(block, branch)
+                writers = adapter.attn_writers(block) if branch == "attention" else adapter.mlp_writers(block)
+                confine = projector
+                if norm is not None:
+                    scale, _ = adapter.norm_scale_shift(norm)
+                    assert scale is not None
+                    confine = projector / scale.double()[:, None]  # diag(1 / g) @ projector
+                for writer in writers:
+                    set_weight_out_in(writer, confine @ weight_out_in(writer).double())
+                    if writer.bias is not None:
+                        writer.bias.copy_(writer.bias.double() @ confine.T)
 
 
 @pytest.mark.parametrize("case", [*FAMILY_CASES, "gpt_neox_sequential"])

@@ -145,11 +145,17 @@ def test_load_sliced_reads_a_stock_folder_with_from_pretrained(exports: dict[str
         assert torch.equal(loaded(token_ids(2, 12, seed=2)).logits, export["logits"])
 
 
-@pytest.mark.parametrize("case", ["opt", "gpt2", "phi", "gpt_neox"])
-def test_layernorm_families_are_refused_with_the_reason(case: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        *[(case, "LayerNorm subtracts the mean") for case in ("opt", "gpt2", "phi", "gpt_neox")],
+        *[(case, "normalise each branch's output") for case in ("gemma3", "gemma2")],
+    ],
+)
+def test_families_the_stock_layout_cannot_express_are_refused_with_the_reason(case: str, reason: str) -> None:
     model = build(case)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    with pytest.raises(UnsupportedArchitectureError, match="LayerNorm subtracts the mean"):
+    with pytest.raises(UnsupportedArchitectureError, match=reason):
         slice_model_stock(model, token_ids(4, 16, seed=1), None, 0.25)
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
 

@@ -83,9 +83,26 @@ CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
         tie_word_embeddings=True,
         **_COMMON,
     ),
+    # Norms on both branch outputs, (1 + weight) scales, sliding and full attention layers, q/k norms.
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{**_DECODER, "num_hidden_layers": 3},
+        **_COMMON,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    ),
+    # Gemma-2: attention and final-logit soft-capping, no q/k norms.
+    "gemma2": lambda: transformers.Gemma2Config(
+        **_DECODER,
+        **_COMMON,
+        head_dim=16,
+        sliding_window=4,
+        attn_logit_softcapping=20.0,
+        final_logit_softcapping=15.0,
+    ),
 }
 # One representative per supported architecture, for the slower end-to-end tests.
-FAMILY_CASES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "gpt2", "phi", "gpt_neox")
+FAMILY_CASES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "gpt2", "phi", "gpt_neox", "gemma3")
 ALL_CASES = tuple(CONFIGS)
 
 

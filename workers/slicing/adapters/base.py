@@ -26,6 +26,7 @@ from transformers import PreTrainedModel
 from core.families import family_config_refusal, unsupported_message
 from workers.slicing.portable.sliced_modules import (
     FamilyLayout,
+    ProjectedRMSNorm,
     RMSNormNoScale,
     get_path,
     norm_epsilon,
@@ -49,18 +50,17 @@ class FamilyAdapter(FamilyLayout, ABC):
 
     uses_layernorm: ClassVar[bool]  # LayerNorm (mean removal needed) rather than RMSNorm
     block_children: ClassVar[frozenset[str]]  # every direct child a block of this family may have
-    # A norm on a branch's output before the residual add (Gemma's post-norms), if the family has one.
-    attn_output_norm_path: ClassVar[str | None] = None
-    mlp_output_norm_path: ClassVar[str | None] = None
+    # What a norm's weight adds to 1 in its scale: 0 for weight * x / rms(x), 1 for Gemma's
+    # (1 + weight) * x / rms(x).
+    norm_scale_offset: ClassVar[float] = 0.0
 
     def branch_outputs(self, block: nn.Module, branch: str) -> list[nn.Module]:
         """The modules whose outputs sum to what `branch` ("attention" or "mlp") adds to the stream:
         its output norm where the family has one, else its writers."""
-        attention = branch == "attention"
-        norm_path = self.attn_output_norm_path if attention else self.mlp_output_norm_path
-        if norm_path is not None:
-            return [get_path(block, norm_path)]
-        return self.attn_writers(block) if attention else self.mlp_writers(block)
+        norm = self.output_norm(block, branch)
+        if norm is not None:
+            return [norm]
+        return self.attn_writers(block) if branch == "attention" else self.mlp_writers(block)
 
     # ---- recognition --------------------------------------------------------------------------
 
@@ -106,7 +106,8 @@ class FamilyAdapter(FamilyLayout, ABC):
                     f"block {index} has modules the {self.name} adapter does not account for "
                     f"({', '.join(extra)}); slicing would leave them out of the rotation",
                 )
-            for norm in (self.attn_norm(block), self.mlp_norm(block)):
+            output_norms = [self.output_norm(block, branch) for branch in ("attention", "mlp")]
+            for norm in [self.attn_norm(block), self.mlp_norm(block)] + [n for n in output_norms if n]:
                 reason = self.norm_problem(norm)
                 if reason is not None:
                     return unsupported_message(config, f"block {index}: {reason}")
@@ -115,7 +116,7 @@ class FamilyAdapter(FamilyLayout, ABC):
 
     def norm_problem(self, norm: nn.Module) -> str | None:
         """Check that a norm computes what folding assumes, by running it on a probe vector."""
-        if isinstance(norm, RMSNormNoScale):
+        if isinstance(norm, RMSNormNoScale | ProjectedRMSNorm):
             return None  # already fused (or sliced): recognised, though not sliceable again
         if self.uses_layernorm:
             return None if isinstance(norm, nn.LayerNorm) else f"{type(norm).__name__} is not a LayerNorm"
@@ -139,20 +140,25 @@ class FamilyAdapter(FamilyLayout, ABC):
         with torch.no_grad():
             got = norm(probe).float()
             x = probe.float()
-            expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+            scale = weight.float() + self.norm_scale_offset
+            expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * scale
         mismatch = float(
             (got - expected).norm() / torch.maximum(got.norm(), expected.norm()).clamp_min(1e-12)
         )
         tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 2e-2
         if not mismatch <= tolerance:
+            formula = "(1 + weight) * x / rms(x)" if self.norm_scale_offset else "weight * x / rms(x)"
+            example = "" if self.norm_scale_offset else "; Gemma-1's (1 + weight) scaling, for example"
             return (
-                f"{type(norm).__name__} does not compute weight * x / rms(x) (relative error "
-                f"{mismatch:.2g}; Gemma-style (1 + weight) scaling, for example), so it cannot be folded"
+                f"{type(norm).__name__} does not compute {formula} (relative error {mismatch:.2g}"
+                f"{example}), so it cannot be folded"
             )
         return None
 
     def norm_scale_shift(self, norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(scale a, shift b) of a norm: y = normalise(x) * a + b. None where absent."""
         scale = getattr(norm, "weight", None)
+        if scale is not None and self.norm_scale_offset:
+            scale = scale.float() + self.norm_scale_offset
         shift = getattr(norm, "bias", None) if self.uses_layernorm else None
         return scale, shift

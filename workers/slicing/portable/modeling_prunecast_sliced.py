@@ -40,6 +40,7 @@ from transformers.utils import cached_file
 from .sliced_modules import (
     FamilyLayout,
     ParallelSkipConnectedBlock,
+    ProjectedRMSNorm,
     RMSNormNoScale,
     SkipConnectedBlock,
     norm_epsilon,
@@ -124,9 +125,10 @@ def apply_sliced_structure(
     model: PreTrainedModel, adapter: Any, widths: dict[str, Any], state: dict[str, torch.Tensor]
 ) -> None:
     """Make a freshly built dense model (parameters on meta) take the sliced model's structure:
-    untied head, weight-free norms, sliced shapes, skip-connected blocks. `widths` is the width of
-    every signal (`SlicedWidths.to_dict`); `state` (the saved tensors) is only consulted for biases
-    that folding added. `adapter` is a `FamilyAdapter` or a `FamilyLayout` rebuilt from its declaration."""
+    untied head, weight-free norms, sliced shapes, skip-connected blocks, projected branch-output
+    norms. `widths` is the width of every signal (`SlicedWidths.to_dict`); `state` (the saved
+    tensors) is only consulted for biases that folding added. `adapter` is a `FamilyAdapter` or a
+    `FamilyLayout` rebuilt from its declaration."""
     blocks = adapter.blocks(model)
     like = adapter.embeddings(model)[0].weight
     for index, block_widths in enumerate(widths["blocks"]):
@@ -162,10 +164,17 @@ def apply_sliced_structure(
             for reader in readers:
                 _resize(reader, None, columns)
                 _ensure_bias(reader, names[reader], state)
-        for writer in adapter.attn_writers(block):
-            _resize(writer, attn_out, None)
-        for writer in adapter.mlp_writers(block):
-            _resize(writer, block_widths["out"], None)
+        for branch, writers, rows in (
+            ("attention", adapter.attn_writers(block), attn_out),
+            ("mlp", adapter.mlp_writers(block), block_widths["out"]),
+        ):
+            norm = adapter.output_norm(block, branch)
+            if norm is None:
+                for writer in writers:
+                    _resize(writer, rows, None)
+            else:  # the writers keep width D; the norm after them projects onto the kept directions
+                projection = _empty((widths["full"], rows), norm.weight)
+                adapter.set_output_norm(block, branch, ProjectedRMSNorm(projection, norm_epsilon(norm)))
         replace_block_norms(block, adapter, widths["full"])
     adapter.set_final_norm(model, RMSNormNoScale(widths["full"], norm_epsilon(adapter.final_norm(model))))
 

@@ -1,5 +1,5 @@
-"""The two modules a sliced model contains that stock transformers models do not, and the module
-path helpers they need.
+"""The modules a sliced model contains that stock transformers models do not, and the module path
+helpers they need.
 
 Portable: imports only torch (exported checkpoints carry this file; see `modeling_prunecast_sliced`).
 
@@ -11,6 +11,10 @@ Portable: imports only torch (exported checkpoints carry this file; see `modelin
   blocks) wrap one decoder block so that each residual add reads `x @ S` instead of `x`: after
   slicing, the stream entering a block lives in a different basis (and maybe width) from the one
   its branches write, and S maps one to the other.
+- `ProjectedRMSNorm` replaces a norm on a branch's output (Gemma-2/3's post-attention and
+  post-feedforward norms): it normalises the branch output at its full width D, where the dense
+  model did, and only then maps it into the sliced basis with a D x d matrix holding the norm's
+  scale and the rotation. A rotation cannot pass through such a norm, but it can follow it.
 
 A known difference from the dense model: `output_hidden_states=True` returns no per-block hidden
 states, because HF records them with hooks on its own block classes, which the wrappers replace
@@ -122,6 +126,28 @@ class RMSNormNoScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"full_width={self.full_width}, eps={self.eps}"
+
+
+class ProjectedRMSNorm(nn.Module):
+    """(x / sqrt(mean(x^2) + eps)) @ P: a branch-output RMSNorm over the branch's full width D whose
+    scale is folded, with the rotation into the sliced basis, into P (D, d): P = diag(scale) Q[:, :d].
+
+    Exact for any d: the mean square is taken before the projection, over the same D coordinates
+    the dense norm saw; only the directions the next signal keeps are dropped after it."""
+
+    def __init__(self, projection: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.projection = nn.Parameter(projection, requires_grad=False)  # (D, d)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()  # (..., D)
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normed @ self.projection.float()).to(x.dtype)  # (..., d)
+
+    def extra_repr(self) -> str:
+        full, kept = self.projection.shape
+        return f"full_width={full}, width={kept}, eps={self.eps}"
 
 
 def _optional_parameter(matrix: torch.Tensor | None) -> nn.Parameter | None:
@@ -264,6 +290,10 @@ class FamilyLayout:
     mlp_norm_path: ClassVar[str]
     mlp_reader_paths: ClassVar[tuple[str, ...]]
     mlp_writer_paths: ClassVar[tuple[str, ...]]
+    # A norm on a branch's output before the residual add (Gemma-2/3's post-norms), if the family has
+    # one: the branch ends there, and slicing projects after it instead of rotating the writers.
+    attn_output_norm_path: ClassVar[str | None] = None
+    mlp_output_norm_path: ClassVar[str | None] = None
 
     # How a block's branches are called (`run_attention` / `run_mlp`).
     attention_path: ClassVar[str] = "self_attn"
@@ -288,6 +318,8 @@ class FamilyLayout:
         "mlp_norm_path",
         "mlp_reader_paths",
         "mlp_writer_paths",
+        "attn_output_norm_path",
+        "mlp_output_norm_path",
         "attention_path",
         "attention_by_name",
         "attention_ignored",
@@ -304,9 +336,11 @@ class FamilyLayout:
 
     @classmethod
     def from_declaration(cls, declaration: dict[str, Any]) -> FamilyLayout:
-        """The layout a `declaration` describes (JSON lists back to tuples)."""
+        """The layout a `declaration` describes (JSON lists back to tuples). A key that older
+        checkpoints do not declare (the output norms) keeps the class default."""
         values = {key: tuple(v) if isinstance(v, list) else v for key, v in declaration.items()}
-        return type(f"Declared{cls.__name__}", (cls,), {key: values[key] for key in cls.DECLARED})()
+        declared = {key: values[key] for key in cls.DECLARED if key in values}
+        return type(f"Declared{cls.__name__}", (cls,), declared)()
 
     # ---- accessors ----------------------------------------------------------------------------
 
@@ -340,6 +374,20 @@ class FamilyLayout:
     def set_mlp_norm(self, block: nn.Module, norm: nn.Module) -> None:
         set_path(unwrap(block), self.mlp_norm_path, norm)
 
+    def output_norm_path(self, branch: str) -> str | None:
+        """Where the norm on `branch`'s output ("attention" or "mlp") is, or None if it has none."""
+        return self.attn_output_norm_path if branch == "attention" else self.mlp_output_norm_path
+
+    def output_norm(self, block: nn.Module, branch: str) -> nn.Module | None:
+        path = self.output_norm_path(branch)
+        return None if path is None else get_path(unwrap(block), path)
+
+    def set_output_norm(self, block: nn.Module, branch: str, norm: nn.Module) -> None:
+        path = self.output_norm_path(branch)
+        if path is None:
+            raise ValueError(f"the {self.name} family has no norm on the {branch} output")
+        set_path(unwrap(block), path, norm)
+
     def attn_readers(self, block: nn.Module) -> list[nn.Module]:
         return [get_path(unwrap(block), path) for path in self.attn_reader_paths]
 
@@ -364,8 +412,9 @@ class FamilyLayout:
 
     def attention_branch(self, block: nn.Module, normed: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
         """What the block adds to the residual for attention, given the attention norm's output and
-        the block's call arguments by name (attention mask, position info, cache...)."""
-        return run_attention(
+        the block's call arguments by name (attention mask, position info, cache...): the output
+        norm's result where the branch has one."""
+        output = run_attention(
             unwrap(block),
             normed,
             call,
@@ -374,7 +423,13 @@ class FamilyLayout:
             ignored=self.attention_ignored,
             dropout_path=self.attention_dropout_path,
         )
+        return self._through_output_norm(block, "attention", output)
 
     def mlp_branch(self, block: nn.Module, normed: torch.Tensor) -> torch.Tensor:
         """What the block adds to the residual for the MLP, given the MLP norm's output."""
-        return run_mlp(unwrap(block), normed, chain=self.mlp_chain, dropout_path=self.mlp_dropout_path)
+        output = run_mlp(unwrap(block), normed, chain=self.mlp_chain, dropout_path=self.mlp_dropout_path)
+        return self._through_output_norm(block, "mlp", output)
+
+    def _through_output_norm(self, block: nn.Module, branch: str, output: torch.Tensor) -> torch.Tensor:
+        norm = self.output_norm(block, branch)
+        return output if norm is None else norm(output)
