@@ -12,8 +12,10 @@ import torch
 
 from tests.workers.slicing.fresh_reload import greedy, reload_fresh, write_inputs
 from tests.workers.slicing.tiny import FAMILY_CASES, build, relative_error, token_ids
+from workers.slicing.adapters.gemma import GemmaAdapter
 from workers.slicing.artifacts import load_sliced, save_sliced
 from workers.slicing.engine import count_parameters, slice_model
+from workers.slicing.portable.sliced_modules import FamilyLayout
 
 CASES = (*FAMILY_CASES, "opt_no_bias", "gpt_neox_sequential")
 PROMPT = token_ids(2, 6, seed=3)
@@ -81,3 +83,14 @@ def test_folders_written_before_the_remote_code_config_still_load(tmp_path: Path
     ids = token_ids(2, 12, seed=2)
     with torch.no_grad():
         assert torch.equal(load_sliced(tmp_path)(ids).logits, model(ids).logits)
+
+
+def test_declarations_written_before_branch_output_norms_rebuild_a_layout_without_them() -> None:
+    """The remote code rebuilds the family from config.json's declaration; older folders lack the
+    output-norm keys, and their layout then has none, as their models had."""
+    old = GemmaAdapter().declaration()
+    assert FamilyLayout.from_declaration(old).output_norm_path("mlp") == "post_feedforward_layernorm"
+    for key in ("attn_output_norm_path", "mlp_output_norm_path"):
+        del old[key]
+    layout = FamilyLayout.from_declaration(old)
+    assert layout.output_norm_path("attention") is None and layout.output_norm_path("mlp") is None
