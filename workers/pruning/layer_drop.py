@@ -32,10 +32,8 @@ from torch import nn
 from workers.block_inputs import BlockBatch
 from workers.pruning.stream import ProgressCallback, StopCheck, run_block, token_cosines, walk_blocks
 from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError
-from workers.slicing.portable.sliced_modules import submodule
+from workers.slicing.portable.sliced_modules import BRANCHES, submodule
 from workers.slicing.portable.sliced_weights import bias_of, tensor_of
-
-BRANCHES = ("attention", "mlp")
 
 
 @dataclass(frozen=True)
@@ -44,10 +42,6 @@ class BranchScores:
 
     attention: list[float]
     mlp: list[float]
-
-
-def _writers(adapter: FamilyAdapter, block: nn.Module, branch: str) -> list[nn.Module]:
-    return adapter.attn_writers(block) if branch == "attention" else adapter.mlp_writers(block)
 
 
 @torch.no_grad()
@@ -140,7 +134,7 @@ def choose_dropped(scores: list[float], count: int) -> list[int]:
 @torch.no_grad()
 def zero_branch(adapter: FamilyAdapter, block: nn.Module, branch: str) -> None:
     """Make the branch add exactly zero to the stream: zero its writers' weights and biases."""
-    for writer in _writers(adapter, block, branch):
+    for writer in adapter.writers(block, branch):
         tensor_of(writer, "weight").zero_()
         bias = bias_of(writer)
         if bias is not None:

@@ -40,8 +40,7 @@ def rotate_branch_output(
     norm that rescales each coordinate, but it can follow it)."""
     norm = adapter.output_norm(block, branch)
     if norm is None:
-        writers = adapter.attn_writers(block) if branch == "attention" else adapter.mlp_writers(block)
-        rotate_writers(writers, basis, keep)
+        rotate_writers(adapter.writers(block, branch), basis, keep)
         return
     scale, _ = adapter.norm_scale_shift(norm)
     adapter.set_output_norm(block, branch, project_output_norm(norm, scale, basis, keep))

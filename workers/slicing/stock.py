@@ -62,11 +62,10 @@ from workers.slicing.engine import (
 )
 from workers.slicing.fusion import hidden_width, untie_head
 from workers.slicing.pca import principal_basis
-from workers.slicing.portable.sliced_modules import SkipConnectedBlock, norm_epsilon
+from workers.slicing.portable.sliced_modules import BRANCHES, SkipConnectedBlock, norm_epsilon
 from workers.slicing.portable.sliced_weights import tensor_of
 from workers.slicing.weights import fold_norm_into_readers, rotate_embedding, rotate_readers, rotate_writers
 
-BRANCHES = ("attention", "mlp")
 EPSILON_ATTRIBUTES = ("variance_epsilon", "eps")  # where HF RMSNorm modules keep their epsilon
 
 

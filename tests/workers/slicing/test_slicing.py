@@ -19,6 +19,7 @@ from workers.slicing import engine
 from workers.slicing.adapters import detect_family
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
 from workers.slicing.portable.sliced_modules import (
+    BRANCHES,
     ParallelSkipConnectedBlock,
     SkipConnectedBlock,
     WrappedBlock,
@@ -202,15 +203,14 @@ def _confine_residual_stream(model: torch.nn.Module, rank: int) -> None:
         for embedding in adapter.embeddings(model):
             embedding.weight.copy_(embedding.weight.double() @ projector)
         for block in adapter.blocks(model):
-            for branch in ("attention", "mlp"):
+            for branch in BRANCHES:
                 norm = adapter.output_norm(block, branch)
-                writers = adapter.attn_writers(block) if branch == "attention" else adapter.mlp_writers(block)
                 confine = projector
                 if norm is not None:
                     scale, _ = adapter.norm_scale_shift(norm)
                     assert scale is not None
                     confine = projector / scale.double()[:, None]  # diag(1 / g) @ projector
-                for writer in writers:
+                for writer in adapter.writers(block, branch):
                     set_weight_out_in(writer, confine @ weight_out_in(writer).double())
                     if writer.bias is not None:
                         writer.bias.copy_(writer.bias.double() @ confine.T)

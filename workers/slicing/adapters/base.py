@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from core.families import family_config_refusal, unsupported_message
 from workers.slicing.portable.sliced_modules import (
+    BRANCHES,
     FamilyLayout,
     ProjectedRMSNorm,
     RMSNormNoScale,
@@ -60,7 +61,7 @@ class FamilyAdapter(FamilyLayout, ABC):
         norm = self.output_norm(block, branch)
         if norm is not None:
             return [norm]
-        return self.attn_writers(block) if branch == "attention" else self.mlp_writers(block)
+        return self.writers(block, branch)
 
     # ---- recognition --------------------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class FamilyAdapter(FamilyLayout, ABC):
                     f"block {index} has modules the {self.name} adapter does not account for "
                     f"({', '.join(extra)}); slicing would leave them out of the rotation",
                 )
-            output_norms = [self.output_norm(block, branch) for branch in ("attention", "mlp")]
+            output_norms = [self.output_norm(block, branch) for branch in BRANCHES]
             for norm in [self.attn_norm(block), self.mlp_norm(block)] + [n for n in output_norms if n]:
                 reason = self.norm_problem(norm)
                 if reason is not None:

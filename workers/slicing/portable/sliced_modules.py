@@ -266,6 +266,9 @@ def unwrap(block: nn.Module) -> nn.Module:
     return block.block if isinstance(block, WrappedBlock) else block
 
 
+BRANCHES = ("attention", "mlp")  # the two residual branches of a block, as `branch` arguments name them
+
+
 class FamilyLayout:
     """Where one family's parts are and how a block's branches are called, as data (dotted module
     paths and flags), with the accessors and branch calls that read it. The engine's
@@ -387,6 +390,10 @@ class FamilyLayout:
         if path is None:
             raise ValueError(f"the {self.name} family has no norm on the {branch} output")
         set_path(unwrap(block), path, norm)
+
+    def writers(self, block: nn.Module, branch: str) -> list[nn.Module]:
+        """The linears `branch` ("attention" or "mlp") writes into the stream with."""
+        return self.attn_writers(block) if branch == "attention" else self.mlp_writers(block)
 
     def attn_readers(self, block: nn.Module) -> list[nn.Module]:
         return [get_path(unwrap(block), path) for path in self.attn_reader_paths]
