@@ -11,9 +11,11 @@ kernel's peak-RSS mark (`/proc/self/clear_refs`, 5) and runs one engine;
 its extra peak is VmHWM minus the RSS just before the engine started, so loading never counts.
 With `--before`, every engine also runs from that checkout (e.g. a `git worktree` of the previous
 commit), alternating with this one, so the two see the same machine. The prediction printed
-beside each is the engine's docstring formula for the captured stream and its statistics (it
-leaves out the allocator's and autograd-free forwards' transient buffers, which the measurement
-includes). Writes bench/out/memory_pruners.json (git-ignored) and prints it.
+beside each is the engine's docstring formula for the captured stream and its statistics: live
+tensors. glibc's allocator keeps some freed buffers in its heap, so with its defaults the measured
+peak sits above the tensors and varies run to run. `--child-env MALLOC_MMAP_THRESHOLD_=1048576`
+makes it return every freed buffer of 1 MiB or more at once, and the peak is then the tensors'.
+Writes bench/out/memory_pruners.json (git-ignored) and prints it.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def predicted_extra(
 
 def run_child(repo: Path, engine: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env |= dict(item.split("=", 1) for item in args.child_env)
     command = [sys.executable, "-c", CHILD, engine, str(args.sequences), str(args.length), str(args.threads)]
     done = subprocess.run(
         command, cwd=repo, env=env, capture_output=True, text=True, timeout=3600, check=False
@@ -117,6 +120,14 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=128)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--child-env",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of every run, e.g. MALLOC_MMAP_THRESHOLD_=1048576 (glibc returns each freed "
+        "buffer of 1 MiB or more at once, so the peak is the live tensors')",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "memory_pruners.json")
     args = parser.parse_args()
     config = {"hidden_size": 576, "intermediate_size": 1536}  # SmolLM2-135M
@@ -125,6 +136,7 @@ def main() -> None:
         "model": "smollm2-135m",
         "calibration": {"sequences": args.sequences, "length": args.length, "batch_size": 8},
         "threads": args.threads,
+        "child_env": args.child_env,
         "platform": platform.platform(),
         "load_average_start": os.getloadavg(),
         "runs": {},

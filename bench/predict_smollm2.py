@@ -140,7 +140,7 @@ def cost_step(args: argparse.Namespace) -> None:
                 loaded.model(input_ids=ids[start : start + size], use_cache=False)
         elif args.cost_step.startswith("profile"):
             rules = () if args.cost_step == "profile-without-masks" else MASK_RULES
-            profile_model(
+            report = profile_model(
                 loaded.model,
                 ids,
                 None,
@@ -154,7 +154,13 @@ def cost_step(args: argparse.Namespace) -> None:
         else:
             slice_model(loaded.model, ids, None, 0.25, batch_size=size, keep_bases=False)
     wall = time.perf_counter() - started
-    print(json.dumps({"step": args.cost_step, "wall_s": round(wall, 2), "peak_rss_mb": peak_rss_mb()}))
+    line = {"step": args.cost_step, "wall_s": round(wall, 2), "peak_rss_mb": peak_rss_mb()}
+    if args.cost_step.startswith("profile"):  # where the profile's time went
+        line["engine_s"] = {
+            key: round(sum(value) if isinstance(value, list) else float(value), 2)
+            for key, value in report.timings.items()
+        }
+    print(json.dumps(line))
 
 
 def peak_rss_mb() -> float:

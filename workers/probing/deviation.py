@@ -30,6 +30,7 @@ sum_i p_i (log p_i - log q_i), without materialising log q), which halves the pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -103,15 +104,14 @@ class VectorReference:
 
 @dataclass(frozen=True)
 class DistributionReference:
-    """The dense distribution p = softmax(z / T), prepared once for comparison with pruned ones."""
+    """The dense distribution p = softmax(z / T), prepared once for comparison with pruned ones.
+    The 1 - cos weights (`p_unit`, `r`) are prepared on first use: KL alone never pays for them."""
 
     z: torch.Tensor  # (N, V) logits in the working precision
     temperature: float
     log_p: torch.Tensor  # (N, V)
     log_total: torch.Tensor  # (N,) logsumexp(log_p): 0 up to rounding, kept so that q = p gives KL 0
     p: torch.Tensor  # (N, V)
-    p_unit: torch.Tensor  # (N, V) p / ||p||
-    r: torch.Tensor  # (N, V) p^2 / sum p^2: the weights of the 1 - cos(p, q) estimate
 
     @classmethod
     def of(cls, z: torch.Tensor, temperature: float = 1.0) -> DistributionReference:
@@ -120,10 +120,18 @@ class DistributionReference:
         log_total = torch.logsumexp(log_p, dim=-1)
         # The same operations `probability_deviations` applies to q, so that q = p gives exact zeros.
         p = (log_p - log_total[:, None]).exp()
-        square = p.pow(2)
-        r = square / square.sum(dim=-1, keepdim=True)
-        p_unit = p / _safe(p.norm(dim=-1, keepdim=True))
-        return cls(z, temperature, log_p, log_total, p, p_unit, r)
+        return cls(z, temperature, log_p, log_total, p)
+
+    @cached_property
+    def p_unit(self) -> torch.Tensor:
+        """(N, V) p / ||p||."""
+        return self.p / _safe(self.p.norm(dim=-1, keepdim=True))
+
+    @cached_property
+    def r(self) -> torch.Tensor:
+        """(N, V) p^2 / sum p^2: the weights of the 1 - cos(p, q) estimate."""
+        square = self.p.pow(2)
+        return square / square.sum(dim=-1, keepdim=True)
 
 
 def _kl(reference: DistributionReference, scaled_shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,11 +176,21 @@ def vector_deviations(
     ]
 
 
-def kl_deviation(reference: DistributionReference, z2: torch.Tensor) -> TokenDeviation:
-    """ "kl" alone, with its estimate Var_p(dz) / (2 T^2): the part of `probability_deviations` a
-    caller that needs only KL pays for (no q, no 1 - cos)."""
+def kl_with_nll_increase(
+    reference: DistributionReference, z2: torch.Tensor, labels: torch.Tensor
+) -> tuple[TokenDeviation, torch.Tensor]:
+    """ "kl" with its estimate Var_p(dz) / (2 T^2), and the increase of the labels' NLL,
+    -log q_y + log p_y = logsumexp(log p + e) - log_total - e_y: what a lens reading needs (no q,
+    no 1 - cos). The product p e serves both E_p[e] and the variance, sum_i p_i e_i (e_i - E_p[e]),
+    so a pruned row costs about five passes over the vocabulary. labels (N,) int64."""
     shift = (z2.to(reference.z.dtype) - reference.z) / reference.temperature  # (N, V): e = dz / T
-    return TokenDeviation("kl", _kl(reference, shift)[0], _variance(shift, reference.p) / 2)
+    normaliser = torch.logsumexp(reference.log_p + shift, dim=-1) - reference.log_total  # (N,)
+    weighted = reference.p * shift  # (N, V)
+    mean_shift = weighted.sum(dim=-1)  # E_p[e], as `_kl` sums it
+    label_shift = shift.gather(1, labels[:, None]).squeeze(1)  # (N,) e_y
+    variance = weighted.mul_(shift.sub_(mean_shift[:, None])).sum(dim=-1)  # (N,)
+    kl = (normaliser - mean_shift).clamp_min(0.0)
+    return TokenDeviation("kl", kl, variance / 2), normaliser - label_shift
 
 
 def probability_deviations(

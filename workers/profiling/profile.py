@@ -35,15 +35,15 @@ is reported, and what the profile offers it is the mask errors below.
 Per block linear, the same pass also measures what each unstructured mask rule would remove at
 each sparsity (`workers.profiling.mask_errors`): the intra-layer pruners' predictor features.
 
-Cost: the dense pass, one D x D eigendecomposition per signal, and per signal (1 + widths) head
-readings of `lens_tokens` positions. The readings are dominated by the passes over the vocabulary
-(softmax, logsumexp, the variance), not by the head's matmul, so they cost about
-signals x (1 + widths) x lens_tokens x V element passes: with a 50k vocabulary, as much as a
-dense pass at a few hundred lens tokens (bench/predict_smollm2.py measures it). The mask errors
+Cost: the dense pass, its float64 moments (slicing's), one D x D eigendecomposition per signal,
+and per signal (1 + widths) head readings of `lens_tokens` positions: one GEMM per chunk of lens
+tokens for the rows and every width together, then about five passes over the vocabulary per
+reading (`kl_with_nll_increase`). On SmolLM2 at 256 lens tokens and 5 widths the readings cost
+0.43 of a dense pass, mostly the head's GEMMs (bench/README.md). The mask errors
 add their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5 sparsities, about a
-third of a dense pass). Peak memory: slicing's (the model, the calibration activations of one
+fifth of a dense pass). Peak memory: slicing's (the model, the calibration activations of one
 signal, one block's temporaries) plus the measured windows' activations, the lens rows of one
-signal, one chunk of logits and one block's mask moments.
+signal, the logits of one chunk of lens tokens at every width and one block's mask moments.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from core.param_count import sliced_width
 from core.profiles import MASK_RULES, signal_name
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
 from workers.probing.common import token_chunks
-from workers.probing.deviation import DistributionReference, kl_deviation
+from workers.probing.deviation import DistributionReference, kl_with_nll_increase
 from workers.probing.head import Float32Head
 from workers.profiling.mask_errors import LinearError, linear_errors, mask_moments
 from workers.pruning.linears import block_linears
@@ -74,6 +74,7 @@ from workers.slicing.adapters import (
 )
 from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
 from workers.slicing.fusion import hidden_width
+from workers.slicing.pca import SecondMoment
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
 
 DEFAULT_LENS_TOKENS = 256
@@ -167,24 +168,33 @@ class _Signal:
     """One signal's running moments over the batches, and its lens rows."""
 
     def __init__(self, width: int, compute: torch.device, centred: bool) -> None:
-        self.raw = torch.zeros(width, width, dtype=torch.float64, device=compute)  # (D, D): sum x x^T
-        self.normalised = torch.zeros_like(self.raw)  # (D, D): sum x x^T / |x|^2
-        self.positions = 0
+        self._raw = SecondMoment(width, compute)  # sum x x^T
+        self._normalised = SecondMoment(width, compute)  # sum x x^T / |x|^2
         self.lens_rows: list[torch.Tensor] = []
         self.centred = centred
 
+    @property
+    def positions(self) -> int:
+        return self._raw.positions
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """(D, D) float64: sum x x^T."""
+        return self._raw.matrix
+
+    @property
+    def normalised(self) -> torch.Tensor:
+        """(D, D) float64: sum x x^T / |x|^2."""
+        return self._normalised.matrix
+
     def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor | None) -> None:
         """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows (None: not
-        gathered). Both moments as slicing's `SecondMoment` accumulates C: float64, padded positions
-        left out."""
+        gathered). Both moments are slicing's `SecondMoment`s: float64, padded positions left out."""
         if self.centred:
             hidden = _centre(hidden)
             lens = None if lens is None else _centre(lens)
-        x = hidden.to(device=self.raw.device, dtype=torch.float64)[keep.to(self.raw.device)]  # (positions, D)
-        self.raw += x.T @ x
-        x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        self.normalised += x.T @ x
-        self.positions += x.shape[0]
+        self._raw.add(hidden, keep)
+        self._normalised.add(hidden, keep, unit_rows=True)
         if lens is not None:
             self.lens_rows.append(lens.detach())
 
@@ -445,26 +455,28 @@ class _HeadReader:
         return self.head(hidden)
 
     def read(self, rows: torch.Tensor, vectors: torch.Tensor, widths: list[int]) -> list[LensReading]:
-        """Per width: rows projected on the top-d eigenvectors (float64), read against the rows."""
+        """Per width: rows projected on the top-d eigenvectors (float64), read against the rows.
+        A chunk of tokens goes through the head once for the rows and every width together: one
+        GEMM of (1 + widths) x chunk rows runs about twice as fast per row on a CPU as one per width."""
         dtype = rows.dtype
         rows = rows.to(self.compute)
         rows64 = rows.double()
-        projected = {d: (rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(dtype) for d in set(widths)}
-        sums = {d: torch.zeros(3, dtype=torch.float64) for d in projected}
+        kept = sorted(set(widths), reverse=True)
+        projected = [(rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(dtype) for d in kept]
+        readings = torch.stack([rows, *projected])  # (1 + k, n, D)
+        sums = torch.zeros(len(kept), 3, dtype=torch.float64)
         for chunk in token_chunks(rows.shape[0], self.head.vocab):
-            dense = self.logits(rows[chunk])  # (c, V)
-            reference = DistributionReference.of(dense)
+            stacked = readings[:, chunk]  # (1 + k, c, D)
+            logits = self.logits(stacked.reshape(-1, stacked.shape[-1])).view(*stacked.shape[:2], -1)
+            reference = DistributionReference.of(logits[0])
             labels = self.labels[chunk]
-            dense_nll = -reference.log_p.gather(1, labels[:, None]).squeeze(1)  # (c,)
-            for d, hidden in projected.items():
-                pruned = self.logits(hidden[chunk])
-                kl = kl_deviation(reference, pruned)
+            for i in range(len(kept)):
+                kl, increase = kl_with_nll_increase(reference, logits[1 + i], labels)
                 assert kl.estimates is not None  # KL always carries its Taylor estimate
-                pruned_nll = torch.logsumexp(pruned, dim=-1) - pruned.gather(1, labels[:, None]).squeeze(1)
-                increase = pruned_nll - dense_nll
-                sums[d] += torch.stack([kl.values.sum(), kl.estimates.sum(), increase.sum()]).double().cpu()
+                sums[i] += torch.stack([kl.values.sum(), kl.estimates.sum(), increase.sum()]).double().cpu()
         n = max(rows.shape[0], 1)
+        means = {d: (sums[i] / n).tolist() for i, d in enumerate(kept)}
         return [
-            LensReading(width=d, kl=float(s[0] / n), kl_taylor=float(s[1] / n), nll_increase=float(s[2] / n))
-            for d, s in ((d, sums[d]) for d in widths)
+            LensReading(width=d, kl=means[d][0], kl_taylor=means[d][1], nll_increase=means[d][2])
+            for d in widths
         ]

@@ -12,7 +12,10 @@ home device): one block's activations for one batch, its distinct input statisti
 4 (3 D^2 + F^2) bytes for a Llama block with hidden D and MLP width F, where one Hessian per
 linear would be 4 (6 D^2 + F^2): q/k/v share one, gate/up one, o_proj and down_proj have their
 own), one row chunk (`stream.ROW_CHUNK_ELEMENTS`) and, while SparseGPT solves one linear, its fp32
-working copy, damped Hessian and inverse factor. bench/memory_pruners.py checks it.
+working copy, damped Hessian and inverse factor. These are live tensors: a process's peak RSS
+adds what the allocator keeps of freed buffers (glibc's defaults kept up to 130 MiB more on
+SmolLM2, varying run to run; with MALLOC_MMAP_THRESHOLD_=1048576 the peak stayed under the formula,
+at about a third more wall time). bench/memory_pruners.py checks it (bench/README.md).
 """
 
 from __future__ import annotations

@@ -37,9 +37,10 @@ class SecondMoment:
             upper_blocks[start:, start:end] = False  # the accumulated blocks
         return torch.where(upper_blocks, lower.T, lower)
 
-    def add(self, signal: torch.Tensor, keep: torch.Tensor) -> None:
-        """signal (B, T, D); keep (B, T) bool, False at padded positions. Runs on chunks of
-        MOMENT_ROWS positions, so its float64 copies stay small whatever the batch."""
+    def add(self, signal: torch.Tensor, keep: torch.Tensor, unit_rows: bool = False) -> None:
+        """signal (B, T, D); keep (B, T) bool, False at padded positions; `unit_rows`: each position
+        divided by its float64 norm first (sum x x^T / |x|^2). Runs on chunks of MOMENT_ROWS
+        positions, so its float64 copies stay small whatever the batch."""
         rows = signal.reshape(-1, signal.shape[-1])  # (B*T, D)
         kept = keep.reshape(-1).to(device=rows.device, dtype=torch.bool)  # (B*T,)
         for start in range(0, rows.shape[0], MOMENT_ROWS):
@@ -48,6 +49,8 @@ class SecondMoment:
             mask = kept[start : start + MOMENT_ROWS].to(self._lower.device)
             # masked_fill, not a product with the mask: padded positions may hold inf/nan, kept out
             x.masked_fill_(~mask[:, None], 0.0)
+            if unit_rows:
+                x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             for begin, end in self._edges:  # column block j: rows j.. of C's block column j
                 self._lower[begin:, begin:end].addmm_(x[:, begin:].T, x[:, begin:end])
         self.positions += int(kept.sum())

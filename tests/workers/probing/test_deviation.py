@@ -10,9 +10,9 @@ import torch
 
 from workers.probing.deviation import (
     DistributionReference,
-    kl_deviation,
     kl_divergence,
     kl_estimate,
+    kl_with_nll_increase,
     one_minus_cos,
     orthogonal_split,
     probability_deviations,
@@ -152,14 +152,22 @@ def test_records_keep_the_spread_over_every_token_of_every_prompt() -> None:
     assert two_layers[1].n == 1 and two_layers[1].stderr is None and two_layers[1].value_max == 7.0
 
 
-def test_kl_alone_equals_the_kl_of_all_probability_deviations() -> None:
+def test_kl_with_nll_increase_equals_the_probe_kl_and_the_labels_cross_entropy() -> None:
     generator = torch.Generator().manual_seed(5)
     z = torch.randn(6, 40, generator=generator)
     z2 = z + 0.3 * torch.randn(6, 40, generator=generator)
+    labels = torch.randint(0, 40, (6,), generator=generator)
     reference = DistributionReference.of(z, 1.5)
-    alone = kl_deviation(reference, z2)
+    alone, increase = kl_with_nll_increase(reference, z2, labels)
     full = probability_deviations(z, z2, 1.5, reference=reference)[1]
     assert alone.metric == full.metric == "kl"
     assert torch.equal(alone.values, full.values)
     assert alone.estimates is not None and full.estimates is not None
-    assert torch.equal(alone.estimates, full.estimates)
+    torch.testing.assert_close(alone.estimates, full.estimates, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(alone.estimates, kl_estimate(z, z2, 1.5).float(), rtol=1e-5, atol=1e-8)
+    nll = torch.nn.functional.cross_entropy(z2 / 1.5, labels, reduction="none")
+    nll0 = torch.nn.functional.cross_entropy(z / 1.5, labels, reduction="none")
+    torch.testing.assert_close(increase, nll - nll0, rtol=1e-5, atol=1e-6)
+    same, unchanged = kl_with_nll_increase(reference, z.clone(), labels)  # q = p: exact zeros
+    assert same.estimates is not None
+    assert not same.values.any() and not same.estimates.any() and unchanged.abs().max() < 1e-6

@@ -92,6 +92,11 @@ def test_eigenvalues_are_those_of_the_uncentred_second_moment(case: str) -> None
             torch.tensor(signal.eigenvalues, dtype=torch.float64), expected, rtol=1e-5, atol=1e-9
         ), name
         assert sum(signal.token_energy) == pytest.approx(1.0, abs=1e-9)
+        # The token energy: each eigenvector's share of sum u u^T over the unit rows u = x / |x|.
+        unit = x / x.norm(dim=-1, keepdim=True)
+        vectors = torch.linalg.eigh(x.T @ x)[1].flip(1)
+        shares = (vectors.T @ unit.T @ unit @ vectors).diagonal()
+        assert signal.token_energy == pytest.approx((shares / shares.sum()).tolist(), abs=1e-7), name
 
 
 def test_lens_readings_equal_the_probe_deviations_of_the_projected_signal() -> None:
