@@ -21,7 +21,8 @@ Steps, each the way a user's request runs (the app behind a TestClient, the embe
    what its basis discards on 32 other windows of that corpus (seed 1234), not on its own windows;
 2. cost, side by side in fresh subprocesses one after another on the same windows: one plain
    dense forward (the yardstick), the profile engine, and SliceGPT at s = 0.25; wall time and the
-   subprocess's peak RSS (VmHWM);
+   subprocess's peak RSS (VmHWM), and the profile engine's own split (`engine_s`); with
+   `--measured-on`, the profile also runs the measured windows, as its jobs do;
 3. `GET /v1/backtests?points=true` over the store, and `POST /v1/predictions` for the model, whose
    `before_pruning` is what a user sees.
 
@@ -133,6 +134,15 @@ def cost_step(args: argparse.Namespace) -> None:
         seed=42,
     )
     ids, size = batch.input_ids, CALIBRATION["batch_size"]
+    measured = None  # as a profile job measures on other windows (the cost of drawing them aside)
+    if args.measured_on is not None:
+        measured = build_calibration(
+            loaded.tokenizer,
+            calibration_corpus(args.measured_on, None, settings),
+            num_sequences=args.measured_sequences,
+            seqlen=CALIBRATION["seqlen"],
+            seed=args.measured_seed,
+        ).input_ids
     started = time.perf_counter()
     with torch.no_grad():
         if args.cost_step == "dense":
@@ -148,6 +158,7 @@ def cost_step(args: argparse.Namespace) -> None:
                 batch_size=size,
                 lens_tokens=args.lens_tokens,
                 mask_rules=rules,
+                measured_ids=measured,
             )
         elif args.cost_step == "wanda":
             prune_model(loaded.model, "wanda", 0.5, calibration_ids=ids, batch_size=size)
@@ -185,6 +196,14 @@ def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
         ]
         command += ["--sparsities", *map(str, args.sparsities)]
         command += ["--cache-dir", str(args.cache_dir), "--data-dir", str(args.data_dir)]
+        if args.measured_on is not None:
+            command += [
+                "--measured-on",
+                args.measured_on,
+                "--measured-sequences",
+                str(args.measured_sequences),
+            ]
+            command += ["--measured-seed", str(args.measured_seed)]
         command += [
             "--threads",
             str(args.threads),

@@ -43,14 +43,25 @@ class Float32Head:
     @torch.no_grad()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.norm(hidden.to(device=self.device, dtype=torch.float32))  # (n, D)
+        return self.capped(self.linear(normed, with_bias=True))
+
+    @torch.no_grad()
+    def linear(self, normed: torch.Tensor, with_bias: bool) -> torch.Tensor:
+        """normed (n, D) float32 -> W normed (+ b) (n, V) float32, a vocabulary slice at a time."""
         logits = torch.empty((normed.shape[0], self.vocab), dtype=torch.float32, device=self.device)
         for start in range(0, self.vocab, VOCAB_CHUNK):
             rows = slice(start, min(start + VOCAB_CHUNK, self.vocab))
             weight = self.weight[rows].to(device=self.device, dtype=torch.float32)  # (c, D)
-            bias = None if self.bias is None else self.bias[rows].to(device=self.device, dtype=torch.float32)
+            bias = None
+            if with_bias and self.bias is not None:
+                bias = self.bias[rows].to(device=self.device, dtype=torch.float32)
             logits[:, rows] = nn.functional.linear(normed, weight, bias)
+        return logits
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logit soft-capping (Gemma-2), if it has one."""
         if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+            return torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
 

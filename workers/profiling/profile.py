@@ -35,21 +35,26 @@ is reported, and what the profile offers it is the mask errors below.
 Per block linear, the same pass also measures what each unstructured mask rule would remove at
 each sparsity (`workers.profiling.mask_errors`): the intra-layer pruners' predictor features.
 
-Cost: the dense pass, its float64 moments (slicing's), one D x D eigendecomposition per signal,
-and per signal (1 + widths) head readings of `lens_tokens` positions: one GEMM per chunk of lens
-tokens for the rows and every width together, then about five passes over the vocabulary per
-reading (`kl_with_nll_increase`). On SmolLM2 at 256 lens tokens and 5 widths the readings cost
-0.43 of a dense pass, mostly the head's GEMMs (bench/README.md). The mask errors
-add their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5 sparsities, about a
+Cost: the dense pass, its float64 moments (slicing's; the token energy's from float32 products),
+one D x D eigendecomposition per signal, and per signal (1 + widths) head readings of `lens_tokens`
+positions, then about five passes over the vocabulary per reading (`kl_with_nll_increase`). The
+head's GEMMs dominate the readings: a narrow model read at several widths gets the widths' logits
+as prefix sums over the basis, about one head product per token plus one V x D x (D - d_min) per
+signal (`workers.profiling.nested_lens`); otherwise one GEMM per chunk of lens tokens reads the
+rows and every width together (bench/README.md has the costs on SmolLM2). The mask errors add
+their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5 sparsities, about a
 fifth of a dense pass). Peak memory: slicing's (the model, the calibration activations of one
 signal, one block's temporaries) plus the measured windows' activations, the lens rows of one
-signal, the logits of one chunk of lens tokens at every width and one block's mask moments.
+signal, the logits of one chunk of lens tokens at every width, the prefix sums' G columns when
+they are used (at most MAX_FACTOR_BYTES) and one block's mask moments.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -63,6 +68,7 @@ from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_with_nll_increase
 from workers.probing.head import Float32Head
 from workers.profiling.mask_errors import LinearError, linear_errors, mask_moments
+from workers.profiling.nested_lens import AffineNorm, NestedWidthLogits
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder
 from workers.pruning.stream import run_block
@@ -167,9 +173,14 @@ class _LensRows:
 class _Signal:
     """One signal's running moments over the batches, and its lens rows."""
 
-    def __init__(self, width: int, compute: torch.device, centred: bool) -> None:
-        self._raw = SecondMoment(width, compute)  # sum x x^T
-        self._normalised = SecondMoment(width, compute)  # sum x x^T / |x|^2
+    def __init__(self, width: int, compute: torch.device, centred: bool, measured: bool) -> None:
+        """`measured`: the profile is measured on these windows, so they need the token energy's
+        moment too; windows that only give the basis (separate measured windows) skip it."""
+        self._raw = SecondMoment(width, compute)  # sum x x^T, in float64 as slicing sums it
+        # float32 products summed in float64, half the time: the token energy is a share, which
+        # they move by under 1e-6 relative on SmolLM2 (bench/README.md); the basis stays slicing's
+        normalised = SecondMoment(width, compute, torch.float32) if measured else None
+        self._normalised = normalised  # sum x x^T / |x|^2
         self.lens_rows: list[torch.Tensor] = []
         self.centred = centred
 
@@ -184,7 +195,8 @@ class _Signal:
 
     @property
     def normalised(self) -> torch.Tensor:
-        """(D, D) float64: sum x x^T / |x|^2."""
+        """(D, D) float64: sum x x^T / |x|^2 (only on the windows the profile is measured on)."""
+        assert self._normalised is not None, "the token energy is measured on the measured windows"
         return self._normalised.matrix
 
     def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor | None) -> None:
@@ -194,7 +206,8 @@ class _Signal:
             hidden = _centre(hidden)
             lens = None if lens is None else _centre(lens)
         self._raw.add(hidden, keep)
-        self._normalised.add(hidden, keep, unit_rows=True)
+        if self._normalised is not None:
+            self._normalised.add(hidden, keep, unit_rows=True)
         if lens is not None:
             self.lens_rows.append(lens.detach())
 
@@ -297,6 +310,7 @@ def profile_model(
             progress(index + 1, len(blocks))
     stream.batches.clear()
     measured.batches.clear()
+    timings["lens_nested_signals"] = reader.nested_signals
     timings["total"] = time.perf_counter() - started
     return ProfileReport(
         family=adapter.name,
@@ -348,7 +362,7 @@ class _Stream:
         self, full: int, compute: torch.device, centred: bool, lens: _LensRows | None
     ) -> list[tuple[str, _Signal]]:
         """The embedding output as a signal (lens rows gathered when `lens` is given)."""
-        signal = _Signal(full, compute, centred)
+        signal = _Signal(full, compute, centred, measured=lens is not None)
         for b, batch in enumerate(self.batches):
             signal.add(batch.hidden, batch.keep, None if lens is None else lens.gather(b, batch.hidden))
         return [("embedding", signal)]
@@ -381,10 +395,12 @@ class _BlockRun:
         self, batches: list[BlockBatch], lens: _LensRows | None, recorder: InputRecorder
     ) -> list[tuple[str, _Signal]]:
         """The block on every batch; each batch advances to the block output. Lens rows are
-        gathered only when `lens` is given (the windows the profile is measured on)."""
+        gathered, and the token energy accumulated, only when `lens` is given (the windows the
+        profile is measured on)."""
         parallel = self.whole or self.adapter.is_parallel(self.block)
-        mid = None if parallel else _Signal(self.full, self.compute, self.centred)
-        out = _Signal(self.full, self.compute, self.centred)
+        measured = lens is not None
+        mid = None if parallel else _Signal(self.full, self.compute, self.centred, measured)
+        out = _Signal(self.full, self.compute, self.centred, measured)
         for b, batch in enumerate(batches):
             recorder.start(batch.keep)
             y = self._output(batch, b, lens, mid)  # (B, T, D)
@@ -440,6 +456,10 @@ def _shares(vectors: torch.Tensor, moment: torch.Tensor) -> torch.Tensor:
     return shares / shares.sum().clamp_min(1e-30)
 
 
+_ChunkLogits = Callable[[slice], list[torch.Tensor]]
+"""A chunk of lens tokens -> logits of the rows, then of each kept width (widest first)."""
+
+
 class _HeadReader:
     """The final norm and the head in float32 on the compute device, reading lens rows."""
 
@@ -449,29 +469,25 @@ class _HeadReader:
         self.head = Float32Head(adapter, model, compute)
         self.labels = labels.to(compute)
         self.compute = compute
+        self.nested_signals = 0  # signals read by prefix sums (`workers.profiling.nested_lens`)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(n, D) -> (n, V) float32."""
-        return self.head(hidden)
+    @cached_property
+    def affine_norm(self) -> AffineNorm | None:
+        """The final norm's parameters, when it shows the affine form prefix sums need."""
+        return AffineNorm.read_off(self.head.norm, int(self.head.weight.shape[1]), self.compute)
 
     def read(self, rows: torch.Tensor, vectors: torch.Tensor, widths: list[int]) -> list[LensReading]:
-        """Per width: rows projected on the top-d eigenvectors (float64), read against the rows.
-        A chunk of tokens goes through the head once for the rows and every width together: one
-        GEMM of (1 + widths) x chunk rows runs about twice as fast per row on a CPU as one per width."""
-        dtype = rows.dtype
+        """Per width: rows projected on the top-d eigenvectors, read against the rows."""
         rows = rows.to(self.compute)
-        rows64 = rows.double()
         kept = sorted(set(widths), reverse=True)
-        projected = [(rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(dtype) for d in kept]
-        readings = torch.stack([rows, *projected])  # (1 + k, n, D)
+        logits_of = self._nested(rows, vectors, kept) or self._plain(rows, vectors, kept)
         sums = torch.zeros(len(kept), 3, dtype=torch.float64)
         for chunk in token_chunks(rows.shape[0], self.head.vocab):
-            stacked = readings[:, chunk]  # (1 + k, c, D)
-            logits = self.logits(stacked.reshape(-1, stacked.shape[-1])).view(*stacked.shape[:2], -1)
-            reference = DistributionReference.of(logits[0])
+            dense, *projected = logits_of(chunk)
+            reference = DistributionReference.of(dense)
             labels = self.labels[chunk]
-            for i in range(len(kept)):
-                kl, increase = kl_with_nll_increase(reference, logits[1 + i], labels)
+            for i, logits in enumerate(projected):
+                kl, increase = kl_with_nll_increase(reference, logits, labels)
                 assert kl.estimates is not None  # KL always carries its Taylor estimate
                 sums[i] += torch.stack([kl.values.sum(), kl.estimates.sum(), increase.sum()]).double().cpu()
         n = max(rows.shape[0], 1)
@@ -480,3 +496,35 @@ class _HeadReader:
             LensReading(width=d, kl=means[d][0], kl_taylor=means[d][1], nll_increase=means[d][2])
             for d in widths
         ]
+
+    def _plain(self, rows: torch.Tensor, vectors: torch.Tensor, kept: list[int]) -> _ChunkLogits:
+        """Rows projected in float64; a chunk of tokens goes through the head once for the rows and
+        every width together: one GEMM of (1 + widths) x chunk rows runs about twice as fast per
+        row on a CPU as one per width."""
+        rows64 = rows.double()
+        projected = [(rows64 @ vectors[:, :d] @ vectors[:, :d].T).to(rows.dtype) for d in kept]
+        readings = torch.stack([rows, *projected])  # (1 + k, n, D)
+
+        def logits_of(chunk: slice) -> list[torch.Tensor]:
+            stacked = readings[:, chunk]  # (1 + k, c, D)
+            logits = self.head(stacked.reshape(-1, stacked.shape[-1]))
+            return list(logits.view(*stacked.shape[:2], -1).unbind(0))
+
+        return logits_of
+
+    def _nested(self, rows: torch.Tensor, vectors: torch.Tensor, kept: list[int]) -> _ChunkLogits | None:
+        """Prefix sums over the basis when they pay and the norm has the affine form."""
+        full = int(vectors.shape[0])
+        if not NestedWidthLogits.pays(rows.shape[0], self.head.vocab, full, kept):
+            return None
+        norm = self.affine_norm
+        if norm is None or not norm.matches(self.head.norm, rows.float()):
+            return None
+        nested = NestedWidthLogits(self.head, norm, vectors, kept)
+        self.nested_signals += 1
+
+        def logits_of(chunk: slice) -> list[torch.Tensor]:
+            by_width = dict(zip(nested.edges, nested.logits(rows[chunk]), strict=True))
+            return [by_width[full], *(by_width[d] for d in kept)]
+
+        return logits_of

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 DAMPING = 0.01  # fraction of mean(diag C) added to the diagonal before eigh
-MOMENT_ROWS = 1024  # positions per float64 chunk (4.7 MB at D = 576, 66 MB at D = 8192)
+MOMENT_ROWS = 1024  # positions per chunk (4.7 MB at D = 576, 66 MB at D = 8192)
 MOMENT_BLOCKS = 4  # column blocks of C; only those on and below the diagonal are computed
 
 
@@ -22,8 +22,13 @@ class SecondMoment:
     accumulated (C is symmetric): 10 of 16 block products, the same float64 sums, about 25 % less
     time than the full product on the CPU; `matrix` mirrors them into the full C."""
 
-    def __init__(self, width: int, device: torch.device) -> None:
+    def __init__(self, width: int, device: torch.device, products: torch.dtype = torch.float64) -> None:
+        """`products`: the dtype each chunk's product is computed in before it joins the float64
+        sums. float64 is slicing's (the reference's); float32 halves the time on a CPU and leaves
+        each entry off by the float32 rounding of a MOMENT_ROWS-term sum (a few 1e-7 relative),
+        which the profile accepts (bench/README.md measured what it does to the spectra)."""
         self._lower = torch.zeros(width, width, dtype=torch.float64, device=device)  # (D, D), lower blocks
+        self._products = products
         self.positions = 0
         step = -(-width // MOMENT_BLOCKS)
         self._edges = [(start, min(start + step, width)) for start in range(0, width, step)]
@@ -39,20 +44,23 @@ class SecondMoment:
 
     def add(self, signal: torch.Tensor, keep: torch.Tensor, unit_rows: bool = False) -> None:
         """signal (B, T, D); keep (B, T) bool, False at padded positions; `unit_rows`: each position
-        divided by its float64 norm first (sum x x^T / |x|^2). Runs on chunks of MOMENT_ROWS
-        positions, so its float64 copies stay small whatever the batch."""
+        divided by its norm first (sum x x^T / |x|^2). Runs on chunks of MOMENT_ROWS positions, so
+        its copies stay small whatever the batch."""
         rows = signal.reshape(-1, signal.shape[-1])  # (B*T, D)
         kept = keep.reshape(-1).to(device=rows.device, dtype=torch.bool)  # (B*T,)
         for start in range(0, rows.shape[0], MOMENT_ROWS):
             part = rows[start : start + MOMENT_ROWS]
-            x = part.to(device=self._lower.device, dtype=torch.float64, copy=True)  # (rows, D)
+            x = part.to(device=self._lower.device, dtype=self._products, copy=True)  # (rows, D)
             mask = kept[start : start + MOMENT_ROWS].to(self._lower.device)
             # masked_fill, not a product with the mask: padded positions may hold inf/nan, kept out
             x.masked_fill_(~mask[:, None], 0.0)
             if unit_rows:
                 x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             for begin, end in self._edges:  # column block j: rows j.. of C's block column j
-                self._lower[begin:, begin:end].addmm_(x[:, begin:].T, x[:, begin:end])
+                if self._products == torch.float64:
+                    self._lower[begin:, begin:end].addmm_(x[:, begin:].T, x[:, begin:end])
+                else:
+                    self._lower[begin:, begin:end] += (x[:, begin:].T @ x[:, begin:end]).double()
         self.positions += int(kept.sum())
 
 

@@ -75,3 +75,25 @@ def test_second_moment_from_lower_blocks_and_row_chunks_equals_the_full_product(
     rows = torch.cat([signal[keep], signal[:1][keep[:1]]]).double()  # (positions, D)
     torch.testing.assert_close(moment.matrix, rows.T @ rows, rtol=1e-12, atol=1e-12)
     assert moment.positions == rows.shape[0]
+
+
+@pytest.mark.parametrize("unit_rows", [False, True])
+def test_float32_products_give_the_float64_moment_to_float32_rounding(
+    monkeypatch: pytest.MonkeyPatch, unit_rows: bool
+) -> None:
+    """The profile's float32 products, summed in float64 chunk by chunk: the same C to a few 1e-7,
+    with padding masked and rows normalised as in float64."""
+    monkeypatch.setattr(pca, "MOMENT_ROWS", 16)
+    signal = _signal(4, 40, 12, seed=5) * torch.linspace(0.5, 20.0, 12)  # one dominant direction
+    keep = torch.rand(4, 40, generator=torch.Generator().manual_seed(6)) > 0.2
+    exact, products = (
+        SecondMoment(12, torch.device("cpu")),
+        SecondMoment(12, torch.device("cpu"), torch.float32),
+    )
+    exact.add(signal, keep, unit_rows=unit_rows)
+    products.add(signal, keep, unit_rows=unit_rows)
+    assert products.matrix.dtype == torch.float64 and products.positions == exact.positions
+    torch.testing.assert_close(
+        products.matrix, exact.matrix, rtol=1e-6, atol=1e-6 * float(exact.matrix.max())
+    )
+    assert not torch.equal(products.matrix, exact.matrix)  # the float32 path ran
