@@ -183,7 +183,9 @@ def kl_with_nll_increase(
     -log q_y + log p_y = logsumexp(log p + e) - log_total - e_y: what a lens reading needs (no q,
     no 1 - cos). The product p e serves both E_p[e] and the variance, sum_i p_i e_i (e_i - E_p[e]),
     so a pruned row costs about five passes over the vocabulary. labels (N,) int64."""
-    shift = (z2.to(reference.z.dtype) - reference.z) / reference.temperature  # (N, V): e = dz / T
+    shift = z2.to(reference.z.dtype) - reference.z  # (N, V): e = dz / T
+    if reference.temperature != 1.0:  # dividing by 1 would be a pass over the vocabulary for nothing
+        shift /= reference.temperature
     normaliser = torch.logsumexp(reference.log_p + shift, dim=-1) - reference.log_total  # (N,)
     weighted = reference.p * shift  # (N, V)
     mean_shift = weighted.sum(dim=-1)  # E_p[e], as `_kl` sums it

@@ -5,9 +5,9 @@ rounded to bfloat16 can resolve: a bf16 logit of size ~10 is off by ~0.02, which
 of ~1e-4 under any KL. So every probe reads the final hidden state (exactly the model's, in its own
 dtype) through a float32 copy of the final norm and through the head's weight cast to float32 a
 slice of the vocabulary at a time, so that a 128k-token vocabulary never needs a whole float32 copy
-of the head (VOCAB_CHUNK rows x D at a time). Logit soft-capping (Gemma-2) is applied as the model
-applies it. A test checks that in float32 this equals the model's own logits, and that in bf16 it
-removes the floor.
+of the head (VOCAB_CHUNK rows x D at a time); a head already in float32 is read in one GEMM.
+Logit soft-capping (Gemma-2) is applied as the model applies it. A test checks that in float32
+this equals the model's own logits, and that in bf16 it removes the floor.
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ class Float32Head:
 
     @torch.no_grad()
     def linear(self, normed: torch.Tensor, with_bias: bool) -> torch.Tensor:
-        """normed (n, D) float32 -> W normed (+ b) (n, V) float32, a vocabulary slice at a time."""
+        """normed (n, D) float32 -> W normed (+ b) (n, V) float32: one GEMM when the head already
+        is float32 on the device, otherwise a vocabulary slice cast at a time."""
+        if self.weight.dtype == torch.float32 and self.weight.device == self.device:
+            bias = self.bias.to(self.device, torch.float32) if with_bias and self.bias is not None else None
+            return nn.functional.linear(normed, self.weight, bias)
         logits = torch.empty((normed.shape[0], self.vocab), dtype=torch.float32, device=self.device)
         for start in range(0, self.vocab, VOCAB_CHUNK):
             rows = slice(start, min(start + VOCAB_CHUNK, self.vocab))

@@ -112,16 +112,15 @@ class NestedWidthLogits:
         projected = y[:, :narrowest] @ self.basis[:, :narrowest].T  # (n, D) h_{d_min}
         if self.norm.centred:
             projected = projected - projected.mean(-1, keepdim=True)
-        prefix = self.head.linear(self.norm.scale * projected, with_bias=False)  # (n, V)
-        unnormalised = [prefix]
-        for start, end in pairwise(self.edges):
-            prefix = torch.addmm(prefix, y[:, start:end], self.after[start - narrowest : end - narrowest])
-            unnormalised.append(prefix)
-        for width, values in zip(self.edges, unnormalised, strict=True):
+        prefix = self.head.linear(self.norm.scale * projected, with_bias=False)  # (n, V), grows in place
+        logits = []
+        for previous, width in pairwise([narrowest, *self.edges]):
+            if width > previous:  # add the next coordinates' block of G
+                prefix.addmm_(y[:, previous:width], self.after[previous - narrowest : width - narrowest])
             kept = y[:, :width]
             energy = kept.pow(2).sum(-1)  # |C h_d|^2 for RMSNorm
             if self.norm.centred:
                 energy = energy - (kept @ self.ones_coordinates[:width]).pow(2) / self.full
-            values.mul_(torch.rsqrt(energy.clamp_min(0.0) / self.full + self.norm.eps)[:, None])
-            values.add_(self.offset)
-        return [self.head.capped(values) for values in unnormalised]
+            inverse_scale = torch.rsqrt(energy.clamp_min(0.0) / self.full + self.norm.eps)  # (n,) 1 / s_d
+            logits.append(self.head.capped(torch.addcmul(self.offset, prefix, inverse_scale[:, None])))
+        return logits
