@@ -37,16 +37,16 @@ each sparsity (`workers.profiling.mask_errors`): the intra-layer pruners' predic
 
 Cost: the dense pass, its float64 moments (slicing's; the token energy's from float32 products),
 one D x D eigendecomposition per signal, and per signal (1 + widths) head readings of `lens_tokens`
-positions, then about five passes over the vocabulary per reading (`kl_with_nll_increase`). The
-head's GEMMs dominate the readings: a narrow model read at several widths gets the widths' logits
-as prefix sums over the basis, about one head product per token plus one V x D x (D - d_min) per
-signal (`workers.profiling.nested_lens`); otherwise one GEMM per chunk of lens tokens reads the
-rows and every width together (bench/README.md has the costs on SmolLM2). The mask errors add
-their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5 sparsities, about a
-fifth of a dense pass). Peak memory: slicing's (the model, the calibration activations of one
-signal, one block's temporaries) plus the measured windows' activations, the lens rows of one
-signal, the logits of one chunk of lens tokens at every width, the prefix sums' G columns when
-they are used (at most MAX_FACTOR_BYTES) and one block's mask moments.
+positions, then about five passes over the vocabulary per reading (`kl_with_nll_increase`; on
+SmolLM2 they take about as long as the head's nested GEMMs). A narrow model read at several widths
+gets the widths' logits as prefix sums over the basis, about one head product per token plus one
+V x D x (D - d_min) per signal (`workers.profiling.nested_lens`); otherwise one GEMM per chunk of
+lens tokens reads the rows and every width together (bench/README.md has the costs on SmolLM2).
+The mask errors add their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5
+sparsities, about a fifth of a dense pass). Peak memory: slicing's (the model, the calibration
+activations of one signal, one block's temporaries) plus the measured windows' activations, the
+lens rows of one signal, the logits of one chunk of lens tokens at every width, the prefix sums' G
+columns when they are used (at most MAX_FACTOR_BYTES) and one block's mask moments.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class _Signal:
 
     def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor | None) -> None:
         """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows (None: not
-        gathered). Both moments are slicing's `SecondMoment`s: float64, padded positions left out."""
+        gathered). Both moments are slicing's `SecondMoment`s (float64 sums), padded positions left out."""
         if self.centred:
             hidden = _centre(hidden)
             lens = None if lens is None else _centre(lens)
