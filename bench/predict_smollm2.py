@@ -22,7 +22,9 @@ Steps, each the way a user's request runs (the app behind a TestClient, the embe
 2. cost, side by side in fresh subprocesses one after another on the same windows: one plain
    dense forward (the yardstick), the profile engine, and SliceGPT at s = 0.25; wall time and the
    subprocess's peak RSS (VmHWM), and the profile engine's own split (`engine_s`); with
-   `--measured-on`, the profile also runs the measured windows, as its jobs do;
+   `--measured-on`, the profile also runs the measured windows, as its jobs do, and the dense
+   step times a second pass over them (`wall_same_windows_s`: the calibration and the measured
+   windows, every window the profile reads);
 3. `GET /v1/backtests?points=true` over the store, and `POST /v1/predictions` for the model, whose
    `before_pruning` is what a user sees.
 
@@ -144,10 +146,13 @@ def cost_step(args: argparse.Namespace) -> None:
             seed=args.measured_seed,
         ).input_ids
     started = time.perf_counter()
+    laps: list[float] = []  # the dense step: after the calibration windows, after the measured ones
     with torch.no_grad():
         if args.cost_step == "dense":
-            for start in range(0, ids.shape[0], size):
-                loaded.model(input_ids=ids[start : start + size], use_cache=False)
+            for windows in [ids] if measured is None else [ids, measured]:
+                for start in range(0, windows.shape[0], size):
+                    loaded.model(input_ids=windows[start : start + size], use_cache=False)
+                laps.append(time.perf_counter() - started)
         elif args.cost_step.startswith("profile"):
             rules = () if args.cost_step == "profile-without-masks" else MASK_RULES
             report = profile_model(
@@ -164,8 +169,10 @@ def cost_step(args: argparse.Namespace) -> None:
             prune_model(loaded.model, "wanda", 0.5, calibration_ids=ids, batch_size=size)
         else:
             slice_model(loaded.model, ids, None, 0.25, batch_size=size, keep_bases=False)
-    wall = time.perf_counter() - started
+    wall = laps[0] if laps else time.perf_counter() - started
     line = {"step": args.cost_step, "wall_s": round(wall, 2), "peak_rss_mb": peak_rss_mb()}
+    if len(laps) > 1:
+        line["wall_same_windows_s"] = round(laps[-1], 2)
     if args.cost_step.startswith("profile"):  # where the profile's time went
         line["engine_s"] = {
             key: round(sum(value) if isinstance(value, list) else float(value), 2)
@@ -222,6 +229,10 @@ def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
             name = ("slicing" if other == "slice" else other).replace("-", "_")
             for key, label in (("wall_s", "wall"), ("peak_rss_mb", "peak_rss")):
                 ratios[f"profile_over_{name}_{label}"] = round(steps["profile"][key] / steps[other][key], 3)
+    if "wall_same_windows_s" in steps.get("dense", {}) and "profile" in steps:
+        ratios["profile_over_dense_same_windows_wall"] = round(
+            steps["profile"]["wall_s"] / steps["dense"]["wall_same_windows_s"], 3
+        )
     return ratios
 
 

@@ -116,7 +116,7 @@ class DistributionReference:
     @classmethod
     def of(cls, z: torch.Tensor, temperature: float = 1.0) -> DistributionReference:
         z = working(z)
-        log_p = torch.log_softmax(z / temperature, dim=-1)
+        log_p = torch.log_softmax(z if temperature == 1.0 else z / temperature, dim=-1)  # z / 1 is z
         log_total = torch.logsumexp(log_p, dim=-1)
         # The same operations `probability_deviations` applies to q, so that q = p gives exact zeros.
         p = (log_p - log_total[:, None]).exp()

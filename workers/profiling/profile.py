@@ -275,7 +275,7 @@ def profile_model(
     own_lens = None if separate else lens  # the calibration stream reads the lens only if measured on
     seen = measured.embedding(full, compute, centred, lens) if separate else None
     finish(_zip(stream.embedding(full, compute, centred, own_lens), seen), None)
-    basis_moments = mask_moments(int(keep.sum()))
+    basis_moments = mask_moments(int(keep.sum()), squares_only=separate)  # the errors are measured on `seen`
     seen_moments = mask_moments(int(measured.keep.sum()))
     if progress is not None:
         progress(0, len(blocks))

@@ -58,8 +58,22 @@ def _pruned_copy(module: nn.Module, rule: str, rows: torch.Tensor, sparsity: flo
     return weight_out_in(copied).detach().double()
 
 
-@pytest.mark.parametrize("case", ["llama", "gemma3"])
-def test_each_error_is_the_output_share_the_pruners_own_mask_removes(case: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "blocks_of", "chunk_bytes"),
+    [("llama", None, None), ("gemma3", None, None), ("llama", 5, 4096)],
+    ids=["llama", "gemma3", "llama-column-blocks-row-chunks"],
+)
+def test_each_error_is_the_output_share_the_pruners_own_mask_removes(
+    case: str, blocks_of: int | None, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last case splits the tiny model's moments into column blocks of 5 and its masked rows
+    into chunks of a few rows, as a real model's are split."""
+    from workers.profiling import mask_errors
+
+    if blocks_of is not None:
+        monkeypatch.setattr(mask_errors, "MIN_BLOCK_COLUMNS", blocks_of)
+    if chunk_bytes is not None:
+        monkeypatch.setattr(mask_errors, "ROW_CHUNK_BYTES", chunk_bytes)
     model = build(case, layers=2)
     ids = calibration(4, 16)
     report = profile_model(model, ids, None, SPARSITIES, batch_size=2, lens_tokens=0)
@@ -118,7 +132,9 @@ def test_the_moment_samples_every_kth_real_token_across_batches_and_squares_ever
     real = rows[keep].double()
     assert torch.allclose(whole.squares, real.pow(2).sum(0)) and torch.allclose(split.squares, whole.squares)
     assert split.sampled == whole.sampled == len(range(0, real.shape[0], 5))
-    assert torch.allclose(split.moment, whole.moment, rtol=1e-5)
+    assert torch.allclose(split.covariance, whole.covariance, rtol=1e-5)
+    sampled = real[::5]  # every 5th real token, counted across the split
+    assert torch.allclose(whole.covariance.double(), sampled.T @ sampled / sampled.shape[0], rtol=1e-5)
     exact = (real.T @ real / real.shape[0]).float()
     assert torch.allclose(whole.covariance, exact, rtol=0.15, atol=0.15 * float(exact.diagonal().mean()))
 
@@ -139,3 +155,39 @@ def test_errors_on_a_token_sample_stay_close_to_the_exact_ones() -> None:
         for rule in MASK_RULES:
             assert b.errors[rule] == pytest.approx(a.errors[rule], rel=0.25)
             assert b.errors[rule] != a.errors[rule]
+
+
+@pytest.mark.parametrize("columns", [7, 256, 700, 1100])
+def test_the_upper_block_triangle_gives_every_row_its_full_quadratic_form(columns: int) -> None:
+    from workers.profiling.mask_errors import MIN_BLOCK_COLUMNS, quadratic_forms
+
+    generator = torch.Generator().manual_seed(columns)
+    x = torch.randn(3 * columns, columns, generator=generator, dtype=torch.float64)
+    moment = x.T @ x / x.shape[0]  # symmetric, positive definite
+    rows = torch.randn(40, columns, generator=generator, dtype=torch.float64)
+    expected = ((rows @ moment) * rows).sum(dim=1)
+    assert torch.allclose(quadratic_forms(rows, moment), expected, rtol=1e-12)
+    if columns < 2 * MIN_BLOCK_COLUMNS:
+        return  # one block: the plain product
+    tilted = moment.clone()
+    tilted[0, -1] += 1.0  # the lower block triangle is never read: only an upper entry moves the forms
+    assert torch.allclose(quadratic_forms(rows, tilted), expected + rows[:, 0] * rows[:, -1] * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_ranks_follow_a_stable_sort_of_the_scores_ties_in_index_order(
+    dtype: torch.dtype, per_row: bool
+) -> None:
+    from workers.profiling.mask_errors import pruning_ranks
+
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(6, 50, generator=generator, dtype=dtype).abs()
+    scores[:, ::7] = 0.0  # ties, at the bottom
+    scores[2, 10:20] = 0.5  # and in the middle of one row
+    scores[4, :] = torch.linspace(1e-30, 3e30, 50, dtype=dtype)  # magnitudes far apart
+    ranks = pruning_ranks(scores, per_row)
+    grouped = scores if per_row else scores.reshape(1, -1)
+    order = torch.sort(grouped, dim=-1, stable=True).indices
+    expected = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1]).expand_as(order))
+    assert torch.equal(ranks, expected.view(scores.shape))

@@ -179,3 +179,8 @@ def test_measured_windows_keep_the_calibration_basis_and_measure_what_it_discard
         held_out, in_sample = _spectrum(c).discarded(32), _spectrum(a).discarded(32)
         assert held_out != pytest.approx(in_sample, rel=1e-3)
     assert other.measured_tokens == 64
+    # mask errors: the calibration's masks (its squares alone), measured on the measured windows' moments
+    for a, b, c in zip(alone.linears, same.linears, other.linears, strict=True):
+        assert b.output_energy == pytest.approx(a.output_energy)
+        assert all(b.errors[rule] == pytest.approx(a.errors[rule], rel=1e-6) for rule in a.errors)
+        assert c.output_energy != pytest.approx(a.output_energy, rel=1e-3)
