@@ -43,10 +43,11 @@ gets the widths' logits as prefix sums over the basis, about one head product pe
 V x D x (D - d_min) per signal (`workers.profiling.nested_lens`); otherwise one GEMM per chunk of
 lens tokens reads the rows and every width together (bench/README.md has the costs on SmolLM2).
 The mask errors add their own cost (`workers.profiling.mask_errors`; on SmolLM2, 3 rules at 5
-sparsities, about a fifth of a dense pass). Peak memory: slicing's (the model, the calibration
-activations of one signal, one block's temporaries) plus the measured windows' activations, the
-lens rows of one signal, the logits of one chunk of lens tokens at every width, the prefix sums' G
-columns when they are used (at most MAX_FACTOR_BYTES) and one block's mask moments.
+sparsities, about 0.15 of a dense pass, plus their input moments during the pass). Peak memory:
+slicing's (the model, the calibration activations of one signal, one block's temporaries) plus the
+measured windows' activations, the lens rows of one signal, the logits of one chunk of lens tokens
+at every width, the prefix sums' G columns when they are used (at most MAX_FACTOR_BYTES) and one
+block's mask moments.
 """
 
 from __future__ import annotations
