@@ -43,6 +43,7 @@ import torch
 
 from core.profiles import MASK_RULES
 from workers.pruning.linears import weight_out_in
+from workers.pruning.masks import pruned_count
 from workers.pruning.recording import InputStatistic, NewStatistic
 from workers.pruning.stream import add_squares
 from workers.pruning.wanda import wanda_scores
@@ -161,6 +162,9 @@ def linear_errors(
     return out
 
 
+_SAME_WIDTH_INTEGER = {torch.float32: torch.int32, torch.float64: torch.int64}  # for `pruning_ranks`
+
+
 def pruning_ranks(scores: torch.Tensor, per_row: bool) -> torch.Tensor:
     """rank[r, j] (out, in): where weight (r, j) comes in its group's pruning order, 0 first; equal
     scores go in index order. Non-negative floats order as their bit patterns do, and torch sorts
@@ -174,14 +178,11 @@ def pruning_ranks(scores: torch.Tensor, per_row: bool) -> torch.Tensor:
     return ranks.view(scores.shape)
 
 
-_SAME_WIDTH_INTEGER = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
 def _pruned_counts(per_row: bool, shape: torch.Size, sparsities: Sequence[float]) -> list[int]:
     """How many weights each group loses at each sparsity: floor(s * in) per row, or
     floor(s * out * in) per layer (the counts of `workers.pruning.masks`)."""
     group = shape[1] if per_row else shape[0] * shape[1]
-    return [math.floor(s * group + 1e-9) for s in sparsities]
+    return [pruned_count(s, group) for s in sparsities]
 
 
 def _masked_energies(

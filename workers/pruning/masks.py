@@ -36,10 +36,16 @@ def pattern_sparsity(pattern: str) -> float | None:
     return None if n_m is None else n_m[0] / n_m[1]
 
 
+def pruned_count(sparsity: float, group: int) -> int:
+    """floor(sparsity * group): how many of a group's weights are pruned, tolerating float products
+    just under an integer (0.3 * 10 = 2.9999999999999996)."""
+    return math.floor(sparsity * group + 1e-9)
+
+
 def unstructured_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     """True where a weight is pruned: the floor(sparsity * in) lowest scores of each row."""
     rows, columns = scores.shape  # (out, in)
-    pruned = math.floor(sparsity * columns + 1e-9)  # tolerate 0.3 * 10 = 2.9999999999999996
+    pruned = pruned_count(sparsity, columns)
     mask = torch.zeros(rows, columns, dtype=torch.bool, device=scores.device)  # (out, in)
     if pruned > 0:
         lowest = torch.topk(scores, pruned, dim=1, largest=False).indices  # (out, pruned)
@@ -50,7 +56,7 @@ def unstructured_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 def layer_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     """True where a weight is pruned: the floor(sparsity * out * in) lowest scores of the whole
     layer, one threshold for all its rows (the magnitude baseline of the Wanda and SparseGPT papers)."""
-    pruned = math.floor(sparsity * scores.numel() + 1e-9)
+    pruned = pruned_count(sparsity, scores.numel())
     mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)  # (out * in,)
     if pruned > 0:
         mask[torch.topk(scores.flatten(), pruned, largest=False).indices] = True

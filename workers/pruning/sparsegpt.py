@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from workers.pruning.masks import parse_pattern
+from workers.pruning.masks import parse_pattern, pruned_count
 from workers.pruning.stream import row_chunks
 
 
@@ -113,7 +113,7 @@ def sparsegpt_prune(
         block_diag = torch.diag(hinv_block)  # (count,)
         block_mask = torch.zeros(rows, count, dtype=torch.bool, device=block.device)  # (out, count)
         if n_m is None:
-            pruned = rows * (math.floor(sparsity * end + 1e-9) - math.floor(sparsity * start + 1e-9))
+            pruned = rows * (pruned_count(sparsity, end) - pruned_count(sparsity, start))
             if pruned > 0:
                 scores = block.pow(2) / block_diag[None, :].pow(2)  # (out, count)
                 lowest = torch.topk(scores.flatten(), pruned, largest=False).indices  # (pruned,)
