@@ -8,8 +8,9 @@ Usage (from the repository root; the reference in its own virtualenv, see bench/
 Both sides slice the same fp32 model at s = 0.25 (d = 432 of 576, head not sliced) on the same
 128 x 512 BoolQ passage windows (seed 42, tokenised here once and handed to both as token ids),
 each in a fresh child process with 2 torch threads, alternating prunecast and the reference so
-both see the same machine. Each child loads the model, reads every weight once, then resets the
-kernel's peak-RSS mark and slices; the tied head is untied inside the measured part on both sides
+both see the same machine. Each child loads the model, reads every weight once, measures the
+dense perplexity, hands the heap's free pages back (malloc_trim), then resets the kernel's
+peak-RSS mark and slices; the tied head is untied inside the measured part on both sides
 (the reference's Llama adapter assumes an untied head). Reported per run:
 
 - `wall_s`: slicing only (untie, norm fusion, capture, every block, head);
@@ -43,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 
 COMMON = r"""
-import gc, json, sys, time
+import ctypes, gc, json, sys, time
 import torch
 
 def rss(field):
@@ -53,7 +54,9 @@ def rss(field):
     raise RuntimeError(field)
 
 def reset_peak():
+    # what the dense evaluation left in the heap goes back first, on both sides alike
     gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")
 

@@ -15,7 +15,10 @@ Entry point: `slice_model`. It modifies the model in place:
    `sliced_modules.ProjectedRMSNorm`); the block's skips become
    S_attn = Qa[:, :d]^T Qb[:, :d] and S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs
    are y @ Qc[:, :d], so slicing errors upstream feed every later PCA. Parallel-residual blocks
-   (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d];
+   (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d].
+   The passes that measure h and y write them in the frame of their input's basis (h @ Qa, y @ Qb)
+   where the branch's writers can be rotated into it for the pass, which spares the skip product
+   (`_slice_sequential_block`, "Frames"); the weights are rotated as described either way;
 5. once the calibration stream is freed: fold the final norm into the head (which unties it) and
    rotate it, W_head @ Q_L; then the embedding tables E @ Q0, keeping d columns. By default the
    head is not sliced: the last block writes all D rows and its MLP skip is d x D.
@@ -30,6 +33,8 @@ of T tokens, hidden width D, MLP width F, vocabulary V and model dtype size b:
   at a time;
   float64 work: a row chunk of a weight (2 ROW_CHUNK x max(D, F) x 8), a moment chunk
   (MOMENT_ROWS x D x 8) and a few D x D matrices (moment, eigenvectors, bases);
+  during one pass, a branch's writers rotated into the input's frame beside their originals
+  (at most D x max(D, F) b per writer);
   after the stream is freed, for the head and tables: one V x D head copy (the untied or rotated
   head) and the rotated table V x d, which replace weights as they are made.
 Between passes the freed heap pages go back to the system (`allocator.release_free_memory`).
@@ -62,12 +67,13 @@ from workers.slicing.adapters.base import config_dict
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import (
+    BRANCHES,
     ParallelSkipConnectedBlock,
     RMSNormNoScale,
     SkipConnectedBlock,
     wrap_block,
 )
-from workers.slicing.rotation import rotate_branch_output
+from workers.slicing.rotation import rotate_branch_output, writers_in_frame
 from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_embedding, rotate_readers
 
@@ -180,20 +186,22 @@ def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
     return any(isinstance(norm, RMSNormNoScale) for norm in norms)
 
 
-def _rotate(hidden: torch.Tensor, basis: torch.Tensor, keep: int) -> torch.Tensor:
-    """hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
+def _rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
+    """The pass that rotates a stream of `dtype` onto `basis` and keeps `keep` directions:
+    hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
 
     In float32 (float64 for a float64 stream), not float64 like the weights: a product with an
     orthogonal matrix adds a relative error of about sqrt(D) float32 epsilons, far below what the
-    stream's own dtype keeps, and float64 here cost 14 % of slicing's time."""
-    compute = torch.promote_types(hidden.dtype, torch.float32)
-    rotated = hidden.to(device=basis.device, dtype=compute) @ basis[:, :keep].to(compute)
-    return rotated.to(device=hidden.device, dtype=hidden.dtype)
+    stream's own dtype keeps, and float64 here cost 14 % of slicing's time. Q's kept columns are
+    cast once per pass, not once per chunk."""
+    compute = torch.promote_types(dtype, torch.float32)
+    kept = basis[:, :keep].to(compute)  # (D, keep)
 
+    def rotate(hidden: torch.Tensor, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> torch.Tensor:
+        rotated = hidden.to(device=kept.device, dtype=compute) @ kept
+        return rotated.to(device=hidden.device, dtype=hidden.dtype)
 
-def _rotation(basis: torch.Tensor, keep: int) -> PassFunction:
-    """The pass that rotates the stream onto `basis` and keeps `keep` directions."""
-    return lambda hidden, _args, _kwargs: _rotate(hidden, basis, keep)
+    return rotate
 
 
 def _by_sequences(
@@ -404,8 +412,9 @@ def _stream_basis(
     for batch in batches:
         moment.add(batch.hidden, batch.keep)
     _, basis = principal_basis(moment.matrix)
+    rotation = _rotation(basis, width, batches[0].hidden.dtype)
     for batch in batches:
-        rewrite_stream(batch, width, _rotation(basis, width), chunk=chunk, compute=compute)  # (B, T, d)
+        rewrite_stream(batch, width, rotation, chunk=chunk, compute=compute)  # (B, T, d)
     return basis
 
 
@@ -466,6 +475,22 @@ def _predicted_counts(
         return None, None
 
 
+def _principal_in_frame(
+    moment: SecondMoment, frame: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V, Q): the principal basis of a stream accumulated in the frame of `frame` (None: the
+    original basis), as coordinates in that frame (V, which rotates the stream) and in the original
+    basis (Q = frame @ V, which rotates the weights). Both (D, D) float64."""
+    _, local = principal_basis(moment.matrix)
+    return local, local if frame is None else frame @ local
+
+
+def _plus_kept(branches: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """branches + [kept, 0]: the residual sum in a frame whose first columns the kept stream is."""
+    branches[..., : kept.shape[-1]] += kept
+    return branches
+
+
 def _slice_sequential_block(
     adapter: FamilyAdapter,
     index: int,
@@ -479,40 +504,57 @@ def _slice_sequential_block(
     chunk: int,
 ) -> tuple[SkipConnectedBlock, torch.Tensor]:
     """Rotate and slice one fused sequential block in place; advance every batch to the block's
-    output in the new basis; return the block's skip-connected wrapper and that basis (Qc)."""
+    output in the new basis; return the block's skip-connected wrapper and that basis (Qc).
+
+    Frames: each pass writes the residual at width D in the frame of its input's basis where the
+    branch's writers can be rotated into it (`rotation.writers_in_frame`): h in Qa's frame, y in
+    Qb's, so the kept input is the first columns of the sum and no skip product runs. Otherwise
+    (a branch ending at a norm) it writes in the original basis through the skip Q[:, :d]^T."""
     d_in, d_mid, d_out = widths.attn_in, widths.mlp_in, widths.out
     # Until the block's output basis is known, its skips map back to the original basis.
     wrapper = SkipConnectedBlock(block, adapter, attn_skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
     rotate_readers(adapter.attn_readers(block), basis_in, d_in)
 
-    def attention(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        return wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))  # (S, T, D)
-
     moment = SecondMoment(full, compute)
-    for batch in batches:  # h = x @ S_attn + attn(norm(x)) in the original basis
-        rewrite_stream(
-            batch, full, attention, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
-        )
+    with writers_in_frame(adapter, block, ("attention",), basis_in) as framed:
+
+        def attention(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+            call = wrapper.call_arguments(hidden, args, kwargs)
+            if framed:  # h @ Qa = [x, 0] + attn(norm(x)) @ Qa
+                return _plus_kept(wrapper.attention_output(hidden, call), hidden)  # (S, T, D)
+            return wrapper.attention_residual(hidden, call)  # h = x @ Qa[:, :d]^T + attn(norm(x))
+
+        for batch in batches:
+            rewrite_stream(
+                batch, full, attention, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
+            )
     release_free_memory()  # the pass's activations are freed
-    _, basis_mid = principal_basis(moment.matrix)  # Qb
+    mid_local, basis_mid = _principal_in_frame(moment, basis_in if framed else None)  # Qb
     rotate_branch_output(adapter, block, "attention", basis_mid, d_mid)
     rotate_readers(adapter.mlp_readers(block), basis_mid, d_mid)
     attn_skip = basis_in[:, :d_in].T @ basis_mid[:, :d_mid]  # (d_in, d_mid)
     wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
 
-    def mlp(hidden: torch.Tensor, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> torch.Tensor:
-        return wrapper.mlp_residual(_rotate(hidden, basis_mid, d_mid))  # (S, T, D), original basis
-
     moment = SecondMoment(full, compute)
-    for batch in batches:
-        rewrite_stream(batch, full, mlp, chunk=chunk, compute=compute, moment=moment)
+    to_mid = _rotation(mid_local, d_mid, dtype)  # h @ Qb[:, :d_mid], whichever frame h is in
+    with writers_in_frame(adapter, block, ("mlp",), basis_mid) as framed:
+
+        def mlp(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+            kept = to_mid(hidden, args, kwargs)  # (S, T, d_mid)
+            if framed:
+                return _plus_kept(wrapper.mlp_output(kept), kept)  # y @ Qb, (S, T, D)
+            return wrapper.mlp_residual(kept)  # y in the original basis
+
+        for batch in batches:
+            rewrite_stream(batch, full, mlp, chunk=chunk, compute=compute, moment=moment)
     release_free_memory()
-    _, basis_out = principal_basis(moment.matrix)  # Qc
+    out_local, basis_out = _principal_in_frame(moment, basis_mid if framed else None)  # Qc
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
     wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
+    rotation = _rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
-        rewrite_stream(batch, d_out, _rotation(basis_out, d_out), chunk=chunk, compute=compute)
+        rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
     return wrapper, basis_out
 
 
@@ -529,24 +571,31 @@ def _slice_parallel_block(
     chunk: int,
 ) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
     """Parallel-residual blocks: one input basis Qa, one output basis Qc, one skip
-    S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa."""
+    S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa. The pass writes y in
+    Qa's frame where both branches' writers can be rotated into it, as in sequential blocks."""
     d_in, d_out = widths.attn_in, widths.out
     wrapper = ParallelSkipConnectedBlock(block, adapter, skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
     rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis_in, d_in)
 
-    def forward(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        return wrapper(hidden, *args, **kwargs)  # (S, T, D), original basis
-
     moment = SecondMoment(full, compute)
-    for batch in batches:
-        rewrite_stream(
-            batch, full, forward, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
-        )
+    with writers_in_frame(adapter, block, BRANCHES, basis_in) as framed:
+
+        def forward(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+            if framed:  # y @ Qa = [x, 0] + (attn + mlp) @ Qa
+                call = wrapper.call_arguments(hidden, args, kwargs)
+                return _plus_kept(wrapper.branches_output(hidden, call), hidden)  # (S, T, D)
+            return wrapper(hidden, *args, **kwargs)  # (S, T, D), original basis
+
+        for batch in batches:
+            rewrite_stream(
+                batch, full, forward, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
+            )
     release_free_memory()
-    _, basis_out = principal_basis(moment.matrix)  # Qc
+    out_local, basis_out = _principal_in_frame(moment, basis_in if framed else None)  # Qc
     rotate_branch_output(adapter, block, "attention", basis_out, d_out)
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
+    rotation = _rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
-        rewrite_stream(batch, d_out, _rotation(basis_out, d_out), chunk=chunk, compute=compute)
+        rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
     return wrapper, basis_out

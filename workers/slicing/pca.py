@@ -52,8 +52,8 @@ class SecondMoment:
             part = rows[start : start + MOMENT_ROWS]
             x = part.to(device=self._lower.device, dtype=self._products, copy=True)  # (rows, D)
             mask = kept[start : start + MOMENT_ROWS].to(self._lower.device)
-            # masked_fill, not a product with the mask: padded positions may hold inf/nan, kept out
-            x.masked_fill_(~mask[:, None], 0.0)
+            if not bool(mask.all()):  # masked_fill, not a product: padded positions may hold inf/nan
+                x.masked_fill_(~mask[:, None], 0.0)
             if unit_rows:
                 x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             for begin, end in self._edges:  # column block j: rows j.. of C's block column j

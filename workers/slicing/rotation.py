@@ -6,12 +6,16 @@ every family; slicing is the same surgery with a different Q per signal and colu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 from workers.slicing.adapters.base import FamilyAdapter
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
+from workers.slicing.portable.sliced_weights import bias_of
 from workers.slicing.weights import project_output_norm, rotate_embedding, rotate_readers, rotate_writers
 
 
@@ -44,6 +48,32 @@ def rotate_branch_output(
         return
     scale, _ = adapter.norm_scale_shift(norm)
     adapter.set_output_norm(block, branch, project_output_norm(norm, scale, basis, keep))
+
+
+@contextmanager
+def writers_in_frame(
+    adapter: FamilyAdapter, block: nn.Module, branches: tuple[str, ...], basis: torch.Tensor
+) -> Iterator[bool]:
+    """While inside, the writers of `branches` write in the frame of `basis` (Q^T W at full width,
+    nothing dropped): a block whose input stream holds the first d coordinates of that frame then
+    adds its residual by padding, with no skip product (`engine`, "frames"). On exit the original
+    writers are back, so their final rotation is computed from them and adds no rounding.
+
+    Yields False and changes nothing where a branch ends at a norm (Gemma's): rotating after the
+    norm would cost a D x D product per position, more than the d x D skip it saves."""
+    if any(adapter.output_norm(block, branch) is not None for branch in branches):
+        yield False
+        return
+    writers = [writer for branch in branches for writer in adapter.writers(block, branch)]
+    originals = [(writer, writer.weight, bias_of(writer)) for writer in writers]
+    rotate_writers(writers, basis, basis.shape[1])
+    try:
+        yield True
+    finally:
+        for writer, weight, bias in originals:
+            writer.weight = weight
+            if bias is not None:
+                writer.bias = bias
 
 
 def random_orthogonal(width: int, seed: int = 0) -> torch.Tensor:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 
@@ -255,3 +259,35 @@ def test_passes_run_a_few_sequences_at_a_time_exactly_as_whole_batches(
     assert chunks == [5, 2], "the passes did not run 2 sequences at a time"
     error = relative_error(logits(models["chunked"], ids), logits(models["whole"], ids))
     assert error < 1e-5, f"chunked passes changed the sliced model: relative logit error {error:.2e}"
+
+
+@contextlib.contextmanager
+def _in_the_original_basis(*_args: object) -> Iterator[bool]:
+    yield False
+
+
+@pytest.mark.parametrize("case", ["llama_biases", "opt", "gpt2", "phi", "gpt_neox_sequential"])
+def test_passes_written_in_their_input_frame_slice_as_the_skip_products_do(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing each pass in its input basis' frame (rotated writers, the kept input padded in) is a
+    change of coordinates only: the sliced model equals the one whose passes run in the original
+    basis through the skip products, and the writers keep no trace of the temporary rotation."""
+    frames: list[bool] = []
+    in_frame = engine.writers_in_frame
+
+    @contextlib.contextmanager
+    def recorded(*args: Any) -> Iterator[bool]:
+        with in_frame(*args) as framed:
+            frames.append(framed)
+            yield framed
+
+    models = {}
+    for label, frame in (("frames", recorded), ("skips", _in_the_original_basis)):
+        monkeypatch.setattr(engine, "writers_in_frame", frame)
+        models[label] = build(case)
+        slice_model(models[label], token_ids(6, 16, seed=1), None, 0.25, batch_size=4)
+    assert frames and all(frames), "no pass ran in its input's frame"
+    ids = token_ids(2, 12, seed=2)
+    error = relative_error(logits(models["frames"], ids), logits(models["skips"], ids))
+    assert error < 1e-5, f"{case}: frames changed the sliced model: relative logit error {error:.2e}"

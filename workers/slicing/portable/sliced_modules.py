@@ -212,17 +212,21 @@ class SkipConnectedBlock(WrappedBlock):
         self.attn_skip = _optional_parameter(attn_skip)
         self.mlp_skip = _optional_parameter(mlp_skip)
 
+    def attention_output(self, x: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
+        """attn(norm_1(x)), what the attention branch adds: (B, T, d_in) -> (B, T, d_mid)."""
+        return self.adapter.attention_branch(self.block, self.adapter.attn_norm(self.block)(x), call)
+
+    def mlp_output(self, h: torch.Tensor) -> torch.Tensor:
+        """mlp(norm_2(h)), what the MLP branch adds: (B, T, d_mid) -> (B, T, d_out)."""
+        return self.adapter.mlp_branch(self.block, self.adapter.mlp_norm(self.block)(h))
+
     def attention_residual(self, x: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
         """h = x @ S_attn + attn(norm_1(x))."""
-        normed = self.adapter.attn_norm(self.block)(x)  # (B, T, d_in)
-        branch = self.adapter.attention_branch(self.block, normed, call)  # (B, T, d_mid)
-        return _skip(x, self.attn_skip) + branch
+        return _skip(x, self.attn_skip) + self.attention_output(x, call)
 
     def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
         """y = h @ S_mlp + mlp(norm_2(h))."""
-        normed = self.adapter.mlp_norm(self.block)(h)  # (B, T, d_mid)
-        branch = self.adapter.mlp_branch(self.block, normed)  # (B, T, d_out)
-        return _skip(h, self.mlp_skip) + branch
+        return _skip(h, self.mlp_skip) + self.mlp_output(h)
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         call = self.call_arguments(hidden_states, args, kwargs)
@@ -244,14 +248,17 @@ class ParallelSkipConnectedBlock(WrappedBlock):
     def set_skip(self, skip: torch.Tensor | None) -> None:
         self.skip = _optional_parameter(skip)
 
+    def branches_output(self, x: torch.Tensor, call: dict[str, Any]) -> torch.Tensor:
+        """attn(norm_1(x)) + mlp(norm_2(x)), what the two branches add: (B, T, d_in) -> (B, T, d_out)."""
+        attn_norm, mlp_norm = self.adapter.attn_norm(self.block), self.adapter.mlp_norm(self.block)
+        attn_in = attn_norm(x)  # (B, T, d_in)
+        mlp_in = attn_in if mlp_norm is attn_norm else mlp_norm(x)
+        attention = self.adapter.attention_branch(self.block, attn_in, call)  # (B, T, d_out)
+        return attention + self.adapter.mlp_branch(self.block, mlp_in)
+
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         call = self.call_arguments(hidden_states, args, kwargs)
-        attn_norm, mlp_norm = self.adapter.attn_norm(self.block), self.adapter.mlp_norm(self.block)
-        attn_in = attn_norm(hidden_states)  # (B, T, d_in)
-        mlp_in = attn_in if mlp_norm is attn_norm else mlp_norm(hidden_states)
-        attention = self.adapter.attention_branch(self.block, attn_in, call)  # (B, T, d_out)
-        mlp = self.adapter.mlp_branch(self.block, mlp_in)  # (B, T, d_out)
-        return _skip(hidden_states, self.skip) + attention + mlp
+        return _skip(hidden_states, self.skip) + self.branches_output(hidden_states, call)
 
 
 def wrap_block(block: nn.Module, adapter: BlockAdapter) -> SkipConnectedBlock | ParallelSkipConnectedBlock:
