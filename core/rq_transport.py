@@ -1,5 +1,6 @@
 """How a job id goes onto RQ: one definition for the API (`app.queueing`) and for workers that
-create jobs themselves (a fanned-out sweep's children), so both enqueue alike.
+create jobs themselves (a fanned-out sweep's children), so both enqueue alike; and how many
+workers listen on a queue (whether a sweep fans out).
 
 The queue only carries the id; the store row, committed first, is the truth (`core.lifecycle`).
 """
@@ -25,3 +26,11 @@ def enqueue_on(queue: Any, job_id: str) -> None:
         failure_ttl=RQ_RESULT_TTL_S,
         description=f"prunecast job {job_id}",
     )
+
+
+def listening_workers(queue: Any) -> int:
+    """How many RQ workers are registered on an `rq.Queue` (one that died stays counted until its
+    registration expires, a few minutes; raises redis errors as they are)."""
+    from rq import Worker
+
+    return int(Worker.count(queue=queue))

@@ -136,13 +136,15 @@ class SweepJobCreate(ModelSpec):
     slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
     layout: SlicedLayout | None = Field(None, description=LAYOUT_DESCRIPTION)
     keep_bases: bool = Field(True, description=KEEP_BASES_DESCRIPTION)
-    fan_out: bool = Field(
-        False,
-        description="Measure each sparsity in a child `prune` job of its own (listed with `parent_id` = "
-        "this sweep), so that several workers prune the sparsities at once; this sweep measures the dense "
-        "baseline, takes children itself while any is queued, and fits the laws once every child "
-        "succeeded. Canceling the sweep cancels its children; a retried sweep keeps the finished ones. "
-        "false: one worker measures every sparsity in turn.",
+    fan_out: bool | None = Field(
+        None,
+        description="true: measure each sparsity in a child `prune` job of its own (listed with "
+        "`parent_id` = this sweep), so that several workers prune the sparsities at once; this sweep "
+        "measures the dense baseline, takes children itself while any is queued, and fits the laws once "
+        "every child succeeded. Canceling the sweep cancels its children; a retried sweep keeps the "
+        "finished ones. The stored numbers are the same either way. false: one worker measures every "
+        "sparsity in turn. null (default): fan out when the sweep starts measuring and more than one "
+        "worker listens on its queue (and it has more than one sparsity to prune), else in turn.",
     )
 
     @field_validator("sparsities")

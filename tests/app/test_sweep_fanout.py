@@ -1,24 +1,29 @@
 """Sweeps fanned out across workers: one child prune job per sparsity, any worker takes any child,
 the fit runs once all finished, with the numbers of a sweep run on one worker; canceling the sweep
-cancels its children; the embedded deployment runs it all in one process."""
+cancels its children; the embedded deployment runs it all in one process; left to itself, a sweep
+fans out only when more than one worker listens on its queue."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from fastapi.testclient import TestClient
+from rq import Queue, Worker
 from sqlalchemy import delete, select, update
 
 from app.main import create_app
 from core import lifecycle
 from core.migrate import upgrade
 from core.settings import Settings
+from core.specs.jobs import SweepJobCreate
 from core.store import Store
 from core.tables import Fit, Job
 from tests.app.test_prune_jobs import wait_done
 from tests.app.test_sweep_jobs import items, sweep_body
 from tests.conftest import wait_for
+from workers.kinds.sweep_fanout import fans_out
 
 SPARSITIES = [0.2, 0.3, 0.4, 0.5]
 
@@ -37,16 +42,18 @@ def _children(api: TestClient, job_id: str) -> list[dict[str, Any]]:
     return items(api, "/v1/jobs", parent_id=job_id, limit=50)
 
 
-def test_a_fanned_out_sweep_spreads_its_sparsities_over_two_workers_with_the_same_numbers(
+def test_with_two_workers_a_sweep_spreads_its_sparsities_over_both_with_the_same_numbers(
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:
+    """`fan_out` left out: with two workers on the queue the sweep fans out by itself."""
     workers = [start_worker(), start_worker()]
     model = str(tiny_model_dir)
     # Children of a few seconds each, so that the second worker's fork and start are short beside them.
     protocol = {"perplexity": {"seqlen": 64, "max_windows": 8}, "method": "wanda"}
-    in_turn = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, **protocol)).json()
+    in_turn = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, fan_out=False, **protocol)).json()
     wait_done(api, in_turn["id"], workers[0])
-    fanned = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, fan_out=True, **protocol)).json()
+    assert _children(api, in_turn["id"]) == []
+    fanned = api.post("/v1/jobs", json=sweep_body(model, SPARSITIES, **protocol)).json()
     done = wait_done(api, fanned["id"], workers[0])
     assert done["stage"] == "done" and done["progress"] == 1.0
 
@@ -144,3 +151,44 @@ def test_a_retried_fanned_out_sweep_keeps_the_children_that_finished(
         again = {child.id: child.finished_at for child in lifecycle.children_of(session, job_id)}
         assert again == first  # no child created or run again
         assert session.scalars(select(Fit).where(Fit.job_id == job_id)).all()
+
+
+def _sweep_context(settings: Settings, children: list[Job]) -> Any:
+    """What `fans_out` reads of a running sweep: its settings and its child jobs."""
+    return SimpleNamespace(settings=settings, job_id="sweep", read=lambda _read, _what: children)
+
+
+def _spec(sparsities: list[float], **overrides: Any) -> SweepJobCreate:
+    return SweepJobCreate.model_validate(sweep_body("tiny", sparsities, **overrides))
+
+
+def test_a_sweep_fans_out_by_itself_only_with_more_than_one_worker_on_its_queue(
+    rq_settings: Settings, clean_redis: Any, make_settings: Any
+) -> None:
+    queue = Queue(rq_settings.queue_name, connection=clean_redis)
+    context = _sweep_context(rq_settings, [])
+    registered = []
+    for count in (0, 1, 2):
+        fan_out, why = fans_out(context, _spec(SPARSITIES))
+        assert fan_out is (count > 1) and f"{count} worker(s) listen" in why
+        assert fans_out(context, _spec(SPARSITIES, fan_out=True))[0] is True  # asked for, whatever the count
+        assert fans_out(context, _spec(SPARSITIES, fan_out=False))[0] is False
+        worker = Worker([queue], connection=clean_redis, name=f"worker-{count}")
+        worker.register_birth()
+        registered.append(worker)
+    assert fans_out(context, _spec([0.0, 0.3])) == (False, "one sparsity to prune")
+    # Another queue's workers do not count.
+    elsewhere = _sweep_context(make_settings(redis_url=rq_settings.redis_url), [])
+    assert fans_out(elsewhere, _spec(SPARSITIES))[0] is False
+    # A retried sweep that has children stays fanned out, with no worker at all.
+    child = Job(id="child", kind="prune", status="running", request={"sparsity": 0.3})
+    alone = _sweep_context(make_settings(redis_url=rq_settings.redis_url), [child])
+    assert fans_out(alone, _spec(SPARSITIES)) == (True, "an earlier attempt of this sweep fanned out")
+    # No queue: the embedded deployment, or one that does not answer, measures in turn.
+    embedded = make_settings(redis_url=None)
+    assert fans_out(_sweep_context(embedded, []), _spec(SPARSITIES))[0] is False
+    silent = make_settings(redis_url="redis://127.0.0.1:1/0")
+    fan_out, why = fans_out(_sweep_context(silent, []), _spec(SPARSITIES))
+    assert fan_out is False and why.startswith("the queue did not answer")
+    for worker in registered:
+        worker.register_death()

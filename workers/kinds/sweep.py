@@ -27,7 +27,8 @@ the rows a `prune` job stores (protocol plus `sweep_job_id`), so a canceled swee
 measured (and stores no fit), and a retried attempt resumes: sparsities for which this job already
 stored every requested metric are not measured again (a sparsity's rows are stored in one go).
 
-With `fan_out`, the sparsities are measured by child prune jobs that any worker may take
+Fanned out (`fan_out` true, or null with more than one worker on the queue:
+`sweep_fanout.fans_out`), the sparsities are measured by child prune jobs that any worker may take
 (`workers.kinds.sweep_fanout`); the dense baseline and the fitting stay here.
 """
 
@@ -59,7 +60,7 @@ from workers.kinds.prune_steps import (
     stored_method,
 )
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
-from workers.kinds.sweep_fanout import RowKey, measure_through_children
+from workers.kinds.sweep_fanout import RowKey, fans_out, measure_through_children
 from workers.loading import ModelLoadError, refresh_model
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
@@ -76,7 +77,9 @@ def sparsity_label(sparsity: float, index: int, total: int) -> str:
 def run(context: JobContext) -> None:
     spec = SweepJobCreate.model_validate(context.request)
     prepared = prepare(context, spec, SPANS, spec.accuracy)
-    if spec.fan_out:
+    fan_out, why = fans_out(context, spec)
+    context.log.info("sweep fans out" if fan_out else "sweep measures in turn", why=why)
+    if fan_out:
         earlier = measure_through_children(
             context, spec, prepared, start=SPANS.calibration[1], end=POINTS_END
         )

@@ -1,4 +1,5 @@
-"""A sweep fanned out across workers (`fan_out: true`): one child `prune` job per sparsity.
+"""A sweep fanned out across workers: one child `prune` job per sparsity (`fan_out: true`, or
+null with more than one worker on the queue: `fans_out`).
 
 The sweep measures (or reuses) the dense baseline and dense accuracy itself, as an ordinary sweep
 does. Then it creates one `prune` job per sparsity it has no live or finished child for (children
@@ -27,13 +28,15 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import select
 
 from core import lifecycle
-from core.rq_transport import enqueue_on
+from core.rq_transport import enqueue_on, listening_workers
+from core.settings import Settings
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.store import StoreUnavailable
 from core.tables import Job, JobStatus, Result
@@ -96,24 +99,59 @@ def _live_children(context: JobContext) -> dict[float, str]:
     return {float(job.request["sparsity"]): job.id for job in rows if job.status in LIVE}
 
 
+def fans_out(context: JobContext, spec: SweepJobCreate) -> tuple[bool, str]:
+    """Whether this sweep measures through children, and why. `fan_out` null decides here, when
+    the sweep starts measuring: a sweep that already has children (a retried one) stays fanned out;
+    otherwise it fans out when it has more than one sparsity to prune and more than one worker
+    listens on its queue. The embedded deployment, and a queue that does not answer, measure in
+    turn."""
+    if spec.fan_out is not None:
+        return spec.fan_out, "asked for" if spec.fan_out else "asked not to"
+    if _live_children(context):
+        return True, "an earlier attempt of this sweep fanned out"
+    if len(spec.pruned_sparsities) < 2:
+        return False, "one sparsity to prune"
+    from redis.exceptions import RedisError
+
+    try:
+        with _queue(context.settings) as queue:
+            if queue is None:
+                return False, "the embedded deployment has no queue"
+            workers = listening_workers(queue)
+    except (RedisError, OSError) as error:
+        return False, f"the queue did not answer ({error})"
+    return workers > 1, f"{workers} worker(s) listen on queue {context.settings.queue_name}"
+
+
+@contextmanager
+def _queue(settings: Settings) -> Iterator[Any]:
+    """The sweep's `rq.Queue` on a connection closed afterwards; None in the embedded deployment."""
+    if settings.redis_url is None:
+        yield None
+        return
+    from redis import Redis
+    from rq import Queue
+
+    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
+    try:
+        yield Queue(settings.queue_name, connection=redis)
+    finally:
+        redis.close()
+
+
 def _enqueue(context: JobContext, ids: Sequence[str]) -> None:
     """Put the children on the RQ queue (best effort: the reconciler enqueues any queued job the
     queue lacks); nothing to do in the embedded deployment, where this sweep runs them."""
-    settings = context.settings
-    if settings.redis_url is None:
-        return
-    from redis import Redis
     from redis.exceptions import RedisError
-    from rq import Queue
 
     try:
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
-        queue = Queue(settings.queue_name, connection=redis)
-        for job_id in ids:
-            enqueue_on(queue, job_id)
-            with context.store.session() as session:
-                lifecycle.mark_enqueued(session, job_id)
-        redis.close()
+        with _queue(context.settings) as queue:
+            if queue is None:
+                return
+            for job_id in ids:
+                enqueue_on(queue, job_id)
+                with context.store.session() as session:
+                    lifecycle.mark_enqueued(session, job_id)
     except (RedisError, OSError) as error:
         context.log.warning("could not enqueue child jobs; the reconciler will", error=str(error))
 
