@@ -6,12 +6,14 @@ import math
 
 import pytest
 import torch
+from transformers.pytorch_utils import Conv1D
 
 from tests.workers.slicing.tiny import ALL_CASES, build, logits, mean_nll, relative_error, token_ids
 from workers.slicing.adapters import detect_family
 from workers.slicing.fusion import fuse_model
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
-from workers.slicing.rotation import random_orthogonal, rotate_fused_model
+from workers.slicing.portable.sliced_weights import weight_out_in
+from workers.slicing.rotation import random_orthogonal, rotate_fused_model, writers_in_frame
 
 TOLERANCE = 1e-4  # relative Frobenius error of the logits
 
@@ -69,3 +71,35 @@ def test_rms_norm_no_scale_divides_by_the_original_width() -> None:
 
     expected = x / math.sqrt(25 / 8)
     torch.testing.assert_close(norm(x), expected)
+
+
+@pytest.mark.parametrize(("case", "frames"), [("llama_biases", True), ("gpt2", True), ("gemma3", False)])
+def test_writers_in_frame_write_q_t_w_inside_and_are_the_same_parameters_after(
+    case: str, frames: bool
+) -> None:
+    """Inside, every writer of the branch holds Q^T W (and its bias b Q) at full width; after, the
+    original parameters themselves are back. A branch ending at a norm (Gemma) is left alone."""
+    model = build(case)
+    adapter = detect_family(model)
+    block = adapter.blocks(model)[0]
+    writers = adapter.writers(block, "mlp")
+    before = [(writer.weight, writer.bias) for writer in writers]
+    basis = random_orthogonal(model.config.hidden_size, seed=3)
+    with writers_in_frame(adapter, block, ("mlp",), basis) as framed:
+        assert framed is frames
+        for writer, (weight, bias) in zip(writers, before, strict=True):
+            expected = basis.T @ _as_out_in(weight, writer) if frames else _as_out_in(weight, writer)
+            assert torch.allclose(weight_out_in(writer).double(), expected, atol=1e-5)
+            if bias is not None:
+                assert torch.allclose(
+                    writer.bias.double(), bias.double() @ basis if frames else bias.double()
+                )
+    assert all(
+        writer.weight is weight and writer.bias is bias
+        for writer, (weight, bias) in zip(writers, before, strict=True)
+    )
+
+
+def _as_out_in(weight: torch.Tensor, writer: torch.nn.Module) -> torch.Tensor:
+    """A stored weight as [out, in] float64, whatever the module stores (GPT-2's Conv1D: [in, out])."""
+    return (weight.t() if isinstance(writer, Conv1D) else weight).double()
