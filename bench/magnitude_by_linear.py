@@ -1,0 +1,152 @@
+"""Where per-layer magnitude pruning breaks a model: one linear type at a time (issue 11).
+
+Usage (from the repository root; Gemma needs its packaged wheels, see README.md):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/magnitude_by_linear.py --models smollm2-135m gemma-3-270m
+
+For each model (fp32, CPU), prunes with `magnitude` (one |W| threshold per layer) at `--sparsity`
+either one linear type in every block (q_proj in all blocks, then k_proj...) or every linear, each
+time on a fresh dense copy, and measures the perplexity on the first `--windows` WikiText-2 test
+windows of 512. Beside it, each type's own output-error share ||dW X||^2 / ||W X||^2 summed over
+its blocks, on the dense inputs of the first two windows: the quantity magnitude's predictor
+aggregates. The question it answers: is a model that collapses sooner (Gemma-3-270m) losing more
+at the linears, or paying more downstream per unit of the same loss? Writes
+bench/out/magnitude_by_linear.json (git-ignored) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from core.model_sources import resolve_model  # noqa: E402
+from core.settings import Settings  # noqa: E402
+from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
+from workers.evaluate import perplexity  # noqa: E402
+from workers.loading import load_model, refresh_model  # noqa: E402
+from workers.pruning.linears import block_linears, weight_out_in  # noqa: E402
+from workers.pruning.magnitude import magnitude_scores, prune_linear_by_magnitude  # noqa: E402
+from workers.pruning.masks import UNSTRUCTURED, layer_mask  # noqa: E402
+from workers.slicing.adapters import detect_family  # noqa: E402
+
+SEQLEN = 512
+SHARE_WINDOWS = 2
+
+
+def typed_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(type, module) of every prunable linear, the type being the last part of its name."""
+    adapter = detect_family(model)
+    return [
+        (name.rsplit(".", 1)[-1], module)
+        for block in adapter.blocks(model)
+        for name, module in block_linears(adapter, block)
+    ]
+
+
+@torch.no_grad()
+def output_error_shares(model: torch.nn.Module, windows: torch.Tensor, sparsity: float) -> dict[str, float]:
+    """Per linear type: sum ||dW X||^2 / sum ||W X||^2 over its blocks, dW the weights the
+    per-layer rule prunes, X the dense inputs of `windows`."""
+    sums: dict[str, list[float]] = {}
+    handles = []
+    for kind, module in typed_linears(model):
+        weight = weight_out_in(module).detach()  # (out, in)
+        pruned = weight * layer_mask(magnitude_scores(weight), sparsity)  # dW
+
+        def record(_module: Any, inputs: tuple[torch.Tensor, ...], _output: Any, kind: str = kind,
+                   weight: torch.Tensor = weight, pruned: torch.Tensor = pruned) -> None:  # fmt: skip
+            rows = inputs[0].reshape(-1, inputs[0].shape[-1]).float()  # (tokens, in)
+            entry = sums.setdefault(kind, [0.0, 0.0])
+            entry[0] += float((rows @ pruned.T).pow(2).sum())
+            entry[1] += float((rows @ weight.T).pow(2).sum())
+
+        handles.append(module.register_forward_hook(record))
+    try:
+        for row in windows:
+            model(input_ids=row[None])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {kind: lost / kept for kind, (lost, kept) in sums.items()}
+
+
+def measure(model_name: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    loaded = load_model(resolve_model(model_name, settings), settings, dtype="float32", device="cpu")
+    ids = tokenize_corpus(loaded.tokenizer, load_wikitext2_test(settings), settings=settings)
+    windows = ids[: args.windows * SEQLEN].view(args.windows, SEQLEN)
+
+    def nll() -> float:
+        return perplexity(loaded.model, windows.reshape(-1), seqlen=SEQLEN, max_windows=args.windows).nll_mean
+
+    shares = output_error_shares(loaded.model, windows[:SHARE_WINDOWS], args.sparsity)
+    dense = nll()
+    delta: dict[str, float] = {}
+    for only in [*shares, "all"]:
+        refresh_model(loaded)
+        for kind, module in typed_linears(loaded.model):
+            if only in ("all", kind):
+                prune_linear_by_magnitude(module, args.sparsity, UNSTRUCTURED)
+        delta[only] = nll() - dense
+        print(
+            model_name,
+            only,
+            f"share {shares.get(only, float('nan')):.4f}",
+            f"dNLL {delta[only]:.4f}",
+            flush=True,
+        )
+    return {
+        "dense_ppl": math.exp(dense),
+        "output_error_share": shares,
+        "delta_nll": delta,
+        "delta_nll_per_share": {kind: delta[kind] / share for kind, share in shares.items()},
+        "sum_of_types_over_all": sum(delta[kind] for kind in shares) / delta["all"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
+    parser.add_argument("--sparsity", type=float, default=0.4)
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "magnitude_by_linear.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    settings = Settings()
+    protocol = {
+        "method": "magnitude (per layer)",
+        "sparsity": args.sparsity,
+        "windows": args.windows,
+        "seqlen": SEQLEN,
+        "share_windows": SHARE_WINDOWS,
+        "dtype": "float32",
+        "threads": args.threads,
+    }
+    result: dict[str, Any] = {
+        "protocol": protocol,
+        "platform": platform.platform(),
+        "models": {name: measure(name, args, settings) for name in args.models},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
