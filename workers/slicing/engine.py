@@ -20,8 +20,9 @@ Entry point: `slice_model`. It modifies the model in place:
    where the branch's writers can be rotated into it for the pass, which spares the skip product
    (`_slice_sequential_block`, "Frames"); the weights are rotated as described either way;
 5. once the calibration stream is freed: fold the final norm into the head (which unties it) and
-   rotate it, W_head @ Q_L; then the embedding tables E @ Q0, keeping d columns. By default the
-   head is not sliced: the last block writes all D rows and its MLP skip is d x D.
+   rotate it, W_head diag(scale) Q_L, in one copy; then the embedding tables E @ Q0, keeping d
+   columns. By default the head is not sliced: the last block writes all D rows and its MLP
+   skip is d x D.
 
 PCA and weight rotations run in float64; results are cast back to the model's dtype.
 
@@ -35,11 +36,13 @@ of T tokens, hidden width D, MLP width F, vocabulary V and model dtype size b:
   (MOMENT_ROWS x D x 8) and a few D x D matrices (moment, eigenvectors, bases);
   during one pass, a branch's writers rotated into the input's frame beside their originals
   (at most D x max(D, F) b per writer);
-  after the stream is freed, for the head and tables: one V x D head copy (the untied or rotated
-  head) and the rotated table V x d, which replace weights as they are made.
+  after the stream is freed, for the head and tables: the new head (V x D, folded and rotated in
+  one copy beside the tied table) and then the rotated table V x d, each replacing its weight
+  when made;
+  with `keep_bases`, the report's (L + 1) D x d float32 bases.
 Between passes the freed heap pages go back to the system (`allocator.release_free_memory`).
-Measured on SmolLM2-135M at 128 x 512: 1.28 x (model + stream) above the runtime's own memory
-(bench/README.md, "slicing_vs_reference.py").
+Measured on SmolLM2-135M at 128 x 512: 1.22-1.24 x (model + stream) above the runtime's own
+memory, the peak in the block passes (bench/README.md, "slicing_vs_reference.py").
 """
 
 from __future__ import annotations
@@ -315,7 +318,7 @@ def slice_model(
     timings["capture"] = time.perf_counter() - started
     embedding_basis = _stream_basis(batches, full, widths.embedding, compute, chunk)
     release_free_memory()
-    bases = [kept_directions(embedding_basis, widths.embedding)]
+    bases = [kept_directions(embedding_basis, widths.embedding)] if keep_bases else None
     basis = _slice_blocks(
         adapter,
         blocks,
@@ -335,8 +338,8 @@ def slice_model(
     batches.clear()  # the activations are spent; free them before the tables' large temporaries
     release_free_memory()
     head_started = time.perf_counter()
-    fuse_final_norm(model, adapter, full, compute)  # unties the head: first, while the table is dense
-    rotate_readers([adapter.lm_head(model)], basis, widths.head)
+    # Unties, folds and rotates the head in one copy: first, while the table is dense.
+    fuse_final_norm(model, adapter, full, compute, rotation=basis[:, : widths.head])
     for embedding in adapter.embeddings(model):
         rotate_embedding(embedding, embedding_basis, widths.embedding)
     timings["head"] = time.perf_counter() - head_started
@@ -358,7 +361,7 @@ def slice_model(
         device=str(compute),
         dtype=str(dtype).removeprefix("torch."),
         timings=timings,
-        bases=bases if keep_bases else None,
+        bases=bases,
     )
 
 
@@ -432,11 +435,11 @@ def _slice_blocks(
     timings: dict[str, Any],
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
-    bases: list[torch.Tensor],
+    bases: list[torch.Tensor] | None,
 ) -> torch.Tensor:
     """Slice every block in order, one on `compute` at a time, appending each block's kept output
-    directions to `bases`; each pass runs `chunk` sequences at a time. Returns the last block's
-    output basis."""
+    directions to `bases` unless it is None; each pass runs `chunk` sequences at a time. Returns the
+    last block's output basis."""
     num_blocks = len(blocks)
     if progress is not None:
         progress(0, num_blocks)
@@ -453,7 +456,8 @@ def _slice_blocks(
         blocks[index], basis = slice_block(
             adapter, index, block, batches, basis, block_widths, full, compute, dtype, chunk
         )
-        bases.append(kept_directions(basis, block_widths.out))
+        if bases is not None:
+            bases.append(kept_directions(basis, block_widths.out))
         blocks[index].to(home)
         timings["blocks"].append(time.perf_counter() - block_started)
         if progress is not None:

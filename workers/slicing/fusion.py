@@ -66,15 +66,21 @@ def fuse_block(block: nn.Module, adapter: FamilyAdapter, full_width: int, device
 
 
 def fuse_final_norm(
-    model: PreTrainedModel, adapter: FamilyAdapter, full_width: int, device: torch.device
+    model: PreTrainedModel,
+    adapter: FamilyAdapter,
+    full_width: int,
+    device: torch.device,
+    rotation: torch.Tensor | None = None,
 ) -> None:
     """Fold the final norm into the LM head, which leaves it untied, and replace the norm by a
-    weight-free RMSNorm. The embedding table must still be the dense one (a tied head reads it)."""
+    weight-free RMSNorm. The embedding table must still be the dense one (a tied head reads it).
+    `rotation` (D, keep), float64 on `device`: the head's input rotation, applied in the same
+    pass over its rows (slicing's last step), so the head is copied once, not twice."""
     norm = adapter.final_norm(model)
     if isinstance(norm, RMSNormNoScale):
         raise ValueError("final norm is already fused")
     scale, shift = adapter.norm_scale_shift(norm)
-    fold_norm_into_readers([adapter.lm_head(model)], scale, shift, device)  # a new head weight
+    fold_norm_into_readers([adapter.lm_head(model)], scale, shift, device, rotation)  # a new head weight
     untie_head(model, adapter)  # a copy only if no fold replaced the shared weight
     adapter.set_final_norm(model, RMSNormNoScale(full_width, norm_epsilon(norm)))
 

@@ -57,10 +57,22 @@ def _map_rows(
 
 
 def fold_norm_into_readers(
-    readers: list[nn.Module], scale: torch.Tensor | None, shift: torch.Tensor | None, device: torch.device
+    readers: list[nn.Module],
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    device: torch.device,
+    rotation: torch.Tensor | None = None,
 ) -> None:
-    """W <- W diag(scale); b <- b + W_orig @ shift (a reader without bias gains one if shift exists)."""
+    """W <- W diag(scale) R; b <- b + W_orig @ shift (a reader without bias gains one if shift
+    exists). `rotation` R (D, keep), float64 on `device`, defaults to the identity: given, the fold
+    and the rotation make one new weight, so no folded-only copy of a large reader (the head) is
+    ever held beside the rotated one."""
     scale64 = None if scale is None else _f64(scale, device)[None, :]  # (1, D)
+
+    def transform(rows: torch.Tensor) -> torch.Tensor:
+        scaled = rows if scale64 is None else rows * scale64
+        return scaled if rotation is None else scaled @ rotation
+
     for reader in readers:
         weight = weight_out_in(reader)  # (out, D)
         if shift is not None:
@@ -70,8 +82,8 @@ def fold_norm_into_readers(
             if old_bias is not None:
                 bias = bias + _f64(old_bias, device)
             set_bias(reader, bias, like=tensor_of(reader, "weight"))
-        if scale64 is not None:
-            set_weight_out_in(reader, _map_rows(weight, lambda rows: rows * scale64, device))
+        if scale64 is not None or rotation is not None:
+            set_weight_out_in(reader, _map_rows(weight, transform, device))
 
 
 def _map_columns(

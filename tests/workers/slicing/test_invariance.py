@@ -10,7 +10,7 @@ from transformers.pytorch_utils import Conv1D
 
 from tests.workers.slicing.tiny import ALL_CASES, build, logits, mean_nll, relative_error, token_ids
 from workers.slicing.adapters import detect_family
-from workers.slicing.fusion import fuse_model
+from workers.slicing.fusion import fuse_final_norm, fuse_model
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.portable.sliced_weights import weight_out_in
 from workers.slicing.rotation import random_orthogonal, rotate_fused_model, writers_in_frame
@@ -44,6 +44,29 @@ def test_fused_model_rotated_by_random_orthogonal_matrix_preserves_logits(case: 
 
     error = relative_error(logits(model, ids), expected)
     assert error < TOLERANCE, f"{case}: relative logit error {error:.2e}"
+
+
+@pytest.mark.parametrize("case", ["llama", "opt", "gpt2"])
+def test_final_norm_fused_with_a_rotation_is_the_fused_head_rotated(case: str) -> None:
+    """Slicing folds the final norm and rotates the head in one copy: W diag(scale) Q[:, :k], the
+    head's bias folded from the norm's shift as without a rotation, and the table left dense."""
+    plain, rotated = build(case), build(case)
+    adapter = detect_family(plain)
+    width = plain.config.hidden_size
+    basis = random_orthogonal(width, seed=5)
+    keep = width - 8
+    table = adapter.embeddings(rotated)[0].weight.detach().clone()
+
+    fuse_final_norm(plain, adapter, width, torch.device("cpu"))
+    fuse_final_norm(rotated, adapter, width, torch.device("cpu"), rotation=basis[:, :keep])
+
+    head, expected = adapter.lm_head(rotated), adapter.lm_head(plain)
+    folded_then_rotated = weight_out_in(expected).double() @ basis[:, :keep]
+    assert torch.allclose(weight_out_in(head).double(), folded_then_rotated, atol=1e-5)
+    if expected.bias is not None:
+        assert torch.equal(head.bias, expected.bias)
+    assert torch.equal(adapter.embeddings(rotated)[0].weight, table)
+    assert isinstance(adapter.final_norm(rotated), RMSNormNoScale)
 
 
 @pytest.mark.parametrize("case", ["llama", "opt", "gpt2"])
