@@ -11,7 +11,9 @@ each in a fresh child process with 2 torch threads, alternating prunecast and th
 both see the same machine. Each child loads the model, reads every weight once, measures the
 dense perplexity, hands the heap's free pages back (malloc_trim), then resets the kernel's
 peak-RSS mark and slices; the tied head is untied inside the measured part on both sides
-(the reference's Llama adapter assumes an untied head). Reported per run:
+(the reference's Llama adapter assumes an untied head). `--before PATH` adds a third side after
+each pair: prunecast from another checkout (e.g. `git worktree add PATH HEAD~1`), same harness.
+Reported per run:
 
 - `wall_s`: slicing only (untie, norm fusion, capture, every block, head);
 - `runtime_rss`: RSS after the imports, before the model is loaded (the interpreter, torch,
@@ -202,17 +204,18 @@ def prepare_inputs(args: argparse.Namespace, out_dir: Path) -> tuple[Path, Path,
 
 
 def run_child(
-    python: str, code: str, inputs: Path, folder: Path, args: argparse.Namespace, pythonpath: str | None
+    python: str, code: str, inputs: Path, folder: Path, args: argparse.Namespace, root: Path | None
 ) -> dict[str, Any]:
+    """One measured child; `root` is the prunecast checkout it imports (None: the reference)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     command = [
         python, "-c", COMMON + code, str(inputs), str(folder),
         str(args.threads), str(args.sparsity), str(args.batch_size),
     ]  # fmt: skip
     done = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=7200, check=False
+        command, cwd=root or REPO_ROOT, env=env, capture_output=True, text=True, timeout=7200, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"child {python} failed:\n{done.stderr[-4000:]}")
@@ -240,18 +243,24 @@ def main() -> None:
     parser.add_argument("--eval-seqlen", type=int, default=2048)
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "slicing_vs_reference.json")
+    parser.add_argument(
+        "--before", type=Path, help="an earlier commit's checkout (git worktree): a third side"
+    )
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     inputs, reference_folder, protocol = prepare_inputs(args, args.out.parent)
-    runs: dict[str, list[dict[str, Any]]] = {"prunecast": [], "reference": []}
+    sides: list[tuple[str, str, str, Path | None]] = [
+        ("prunecast", sys.executable, OURS, REPO_ROOT),
+        ("reference", args.reference_python, REFERENCE, None),
+    ]
+    if args.before is not None:
+        sides.append(("before", sys.executable, OURS, args.before.resolve()))
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side, *_ in sides}
     result: dict[str, Any] = {"protocol": protocol, "platform": platform.platform(), "runs": runs}
     result["load_average_start"] = os.getloadavg()
     for _ in range(args.repeats):
-        for side, python, code, path in (
-            ("prunecast", sys.executable, OURS, str(REPO_ROOT)),
-            ("reference", args.reference_python, REFERENCE, None),
-        ):
-            runs[side].append(run_child(python, code, inputs, reference_folder, args, path))
+        for side, python, code, root in sides:
+            runs[side].append(run_child(python, code, inputs, reference_folder, args, root))
             print(side, json.dumps(runs[side][-1]), flush=True)
     result["load_average_end"] = os.getloadavg()
     summary: dict[str, Any] = {}
@@ -262,8 +271,10 @@ def main() -> None:
             "goal_ratio_max": max(entry["goal_ratio"] for entry in entries),
             "ppl": entries[-1]["ppl"],
         }
-    pairs = zip(runs["prunecast"], runs["reference"], strict=True)
-    summary["wall_ratio_per_pair"] = [ours["wall_s"] / ref["wall_s"] for ours, ref in pairs]
+    for side in runs.keys() - {"reference"}:
+        pairs = zip(runs[side], runs["reference"], strict=True)
+        key = "wall_ratio_per_pair" if side == "prunecast" else f"{side}_wall_ratio_per_pair"
+        summary[key] = [ours["wall_s"] / ref["wall_s"] for ours, ref in pairs]
     result["summary"] = summary
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
