@@ -327,6 +327,7 @@ def _print_before_pruning(before: dict[str, Any] | None) -> None:
         for p in chosen["predictions"]
     )
     print(f"  from the profile ({before['chosen']}; {before['reason']}): {values}")
+    print(f"  {before['verdict']}: {before['verdict_reason']}")
 
 
 def _fmt(value: float | None) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from core import cross_method, feature_laws, laws
 from core.feature_laws import Coefficient
@@ -108,6 +108,38 @@ ZERO_MODEL = "zero-points, leave-one-model-out"
 CROSS_METHOD = "zero-points, other methods of the model"
 ONE_POINT = "one-point"
 LOSO = "leave-one-sparsity-out"
+
+
+RELIABLE_MAPE = 0.15  # the error the product promises for a model with no pruned point
+ROUGH_MAPE = 0.5  # beyond it a prediction is not even the right size: the answer says so
+VerdictLevel = Literal["reliable", "rough", "unreliable", "unscored"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How far a prediction can be trusted, read off the backtest record it carries."""
+
+    level: VerdictLevel
+    advice: str
+
+
+def verdict(score: Score | None, minimum_points: int) -> Verdict:
+    """The verdict of a chosen predictor's backtest record. Fixed thresholds, not fitted on any
+    curve: MAPE at most RELIABLE_MAPE is reliable, at most ROUGH_MAPE rough, above it unreliable
+    (magnitude across models, 190-305 %, is the case this exists for); a record of fewer than
+    `minimum_points` held-out points is unscored. The band's coverage is reported beside it."""
+    if score is None or score.mape is None or score.n < minimum_points:
+        return Verdict("unscored", "no backtest yet: measure a curve of this method to score it")
+    coverage = "" if score.coverage is None else f", band coverage {score.coverage:.0%}"
+    record = f"backtest MAPE {score.mape:.1%} over {score.n} held-out points{coverage}"
+    if score.mape <= RELIABLE_MAPE:
+        return Verdict("reliable", record)
+    if score.mape <= ROUGH_MAPE:
+        return Verdict("rough", f"{record}: read it as a direction and a range, not a number")
+    return Verdict(
+        "unreliable",
+        f"{record}: not even the right size; measure the sparsity you need (a sweep or a prune job)",
+    )
 
 
 @dataclass(frozen=True)

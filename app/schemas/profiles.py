@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.backtests import RELIABLE_MAPE, ROUGH_MAPE, VerdictLevel
+
 
 class LensPublic(BaseModel):
     """One signal at one width, projected and read through the final norm and head."""
@@ -131,6 +133,12 @@ class BeforePruningPublic(BaseModel):
     mode: str = Field(description="The backtest mode that matches what is known of this model.")
     chosen: str | None
     reason: str
+    verdict: VerdictLevel = Field(
+        description=f"How far the chosen prediction can be trusted, from its backtest MAPE: at most "
+        f"{RELIABLE_MAPE:.0%} reliable, at most {ROUGH_MAPE:.0%} rough, above that unreliable (measure "
+        "instead); unscored without a record."
+    )
+    verdict_reason: str = Field(description="The record behind the verdict, and what to do about it.")
     predictors: list[PredictorPublic]
 
 

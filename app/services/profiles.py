@@ -47,10 +47,12 @@ from core.backtests import (
     Curve,
     FeatureLaw,
     Score,
+    Verdict,
     backtest,
     cross_method_prior,
     law_coefficient,
     law_prior,
+    verdict,
 )
 from core.model_sources import ModelSourceError, resolve_model
 from core.param_count import sliced_width
@@ -343,6 +345,7 @@ class BeforePruning:
     predictors: list[PredictorAnswer]
     chosen: str | None
     reason: str
+    verdict: Verdict  # how far the chosen answer can be trusted, from its backtest record
 
 
 def predict_before_pruning(
@@ -416,16 +419,16 @@ def predict_before_pruning(
                 values,
             )
         )
-    chosen, reason = _choose(answers, scores, mode)
+    chosen, reason, record = _choose(answers, scores, mode)
     reason += declined
     if not answers:
         reason = (
             f"no measured {method} curve of a profiled model in the store to learn the laws' coefficients "
             f"from: sweep {method} on a model and profile it under the sweep's calibration"
         )
-    return BeforePruning(
-        profile, method, 0 if own_curve is None else len(own_curve.points), mode, answers, chosen, reason
-    )
+    own_points = 0 if own_curve is None else len(own_curve.points)
+    trust = verdict(record, MIN_BACKTEST_POINTS)
+    return BeforePruning(profile, method, own_points, mode, answers, chosen, reason, trust)
 
 
 def _best_mape(scores: dict[tuple[str, str], Score], mode: str) -> float | None:
@@ -491,8 +494,9 @@ cross-method prior with too few scored pairs is chosen by the zero-point records
 
 def _choose(
     answers: list[PredictorAnswer], scores: dict[tuple[str, str], Score], mode: str
-) -> tuple[str | None, str]:
-    """The answer with the lowest backtest MAPE in `mode` (or its fallback), and why."""
+) -> tuple[str | None, str, Score | None]:
+    """The answer with the lowest backtest MAPE in `mode` (or its fallback), why, and the record it
+    was chosen by (None: chosen without one)."""
     for looked in (mode, *FALLBACK_MODES.get(mode, ())):
         scored = [
             (score, a)
@@ -506,15 +510,16 @@ def _choose(
             assert score.mape is not None
             fallback = "" if looked == mode else f" (no predictor is scored in mode '{mode}' yet)"
             curves = len({p.curve for p in score.points})
-            return best.predictor, (
+            reason = (
                 f"lowest backtest error in mode '{looked}'{fallback}: MAPE {score.mape:.1%}, max "
                 f"{score.max_ape:.1%}, over {score.n} held-out points of {curves} curve(s), of "
                 f"{len(scored)} predictor(s) scored there"
             )
+            return best.predictor, reason, score
     face = next((a for a in answers if a.feature == UNCALIBRATED_FEATURE and not a.power), None)
     if face is not None:
         face_score = scores.get((FACE_VALUE, ZERO_CURVE))
-        return face.predictor, (
+        reason = (
             "no predictor has a backtest in this mode yet (too few measured curves with profiles): the "
             "summed lens KL is taken as the NLL increase"
             + (
@@ -523,7 +528,8 @@ def _choose(
                 else f" (its face-value MAPE: {face_score.mape:.1%})"
             )
         )
-    return None, "no predictor can answer from this profile"
+        return face.predictor, reason, face_score
+    return None, "no predictor can answer from this profile", None
 
 
 # ------------------------------------------------------------------------------------- public
@@ -637,6 +643,8 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
         mode=answer.mode,
         chosen=answer.chosen,
         reason=answer.reason,
+        verdict=answer.verdict.level,
+        verdict_reason=answer.verdict.advice,
         predictors=[
             PredictorPublic(
                 predictor=a.predictor,

@@ -168,6 +168,8 @@ def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
     assert before["features_from"].startswith("the output error of Wanda's masks")
     assert {p["feature"] for p in before["predictors"]} == MASK_FEATURES
     assert before["chosen"] is not None and "lowest backtest error" in before["reason"]
+    assert before["verdict"] in {"reliable", "rough", "unreliable"}
+    assert "backtest MAPE" in before["verdict_reason"]
     assert all(p["predictions"][0]["width"] is None for p in before["predictors"])
     assert before["profile_job_id"] == profile_jobs[1]
     for seed, profile_job in ((42, profile_jobs[0]), (99, None)):  # the profile of the prune's windows
