@@ -41,7 +41,7 @@ of T tokens, hidden width D, MLP width F, vocabulary V and model dtype size b:
   when made;
   with `keep_bases`, the report's (L + 1) D x d float32 bases.
 Between passes the freed heap pages go back to the system (`allocator.release_free_memory`).
-Measured on SmolLM2-135M at 128 x 512: 1.22-1.24 x (model + stream) above the runtime's own
+Measured on SmolLM2-135M at 128 x 512: 1.20-1.25 x (model + stream) above the runtime's own
 memory, the peak in the block passes (bench/README.md, "slicing_vs_reference.py").
 """
 
