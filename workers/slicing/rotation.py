@@ -56,8 +56,9 @@ def writers_in_frame(
 ) -> Iterator[bool]:
     """While inside, the writers of `branches` write in the frame of `basis` (Q^T W at full width,
     nothing dropped): a block whose input stream holds the first d coordinates of that frame then
-    adds its residual by padding, with no skip product (`engine`, "frames"). On exit the original
-    writers are back, so their final rotation is computed from them and adds no rounding.
+    adds its residual by padding, with no skip product (`engine._slice_sequential_block`,
+    "Frames"). On exit the original writers are back, so their final rotation is computed from
+    them and adds no rounding.
 
     Yields False and changes nothing where a branch ends at a norm (Gemma's): rotating after the
     norm would cost a D x D product per position, more than the d x D skip it saves."""
