@@ -48,6 +48,19 @@ class MethodKind(enum.StrEnum):
     drop = "drop"  # removes whole branches or blocks
 
 
+class Simulation(enum.StrEnum):
+    """How a `simulate` job reproduces a method on the dense model without pruning it (docs/science.md
+    §2, "Simulated curves")."""
+
+    projection = "projection"  # slicing: every residual signal projected on its basis' top-d span
+    own_mask = "own-mask"  # the method's own mask, applied to the dense weights for one forward
+    wanda_mask = "wanda-mask"  # Wanda's mask without the method's own weights: a proxy, not a bound
+
+
+PROXY_MASK_METHOD: Final = "wanda"
+"""Whose mask `Simulation.wanda_mask` applies."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a model cannot be pruned as asked, and the problem slug the API answers with."""
@@ -67,6 +80,7 @@ class Method:
     calibrated: bool  # reads calibration data
     removes: str | None = None  # drops: what each dropped layer loses
     nm_patterns: bool = True  # takes N:M patterns (intra-layer methods only)
+    simulation: Simulation | None = None  # how `simulate` jobs reproduce it; None: they refuse it
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -94,6 +108,14 @@ class Method:
         """The strict law PPL0 ** (1 / (1 - s)) is a law of slicing (docs/science.md §2); the other
         methods' fits are empirical curves in their own sparsity."""
         return self.kind is MethodKind.slicing
+
+    def simulates_exactly(self, layout: str | None = None) -> bool:
+        """Whether its simulation's face value is the pruned model itself (up to float rounding): a mask
+        that reads no data, or slicing's stock layout, whose one basis the method too takes from the
+        dense stream."""
+        if self.simulation is Simulation.own_mask:
+            return not self.calibrated
+        return self.simulation is Simulation.projection and layout == STOCK_LAYOUT
 
     def stored_name(self, pattern: str = UNSTRUCTURED, layout: str | None = None) -> str:
         """The method name results are stored under: an N:M pattern or the stock layout is part of it
@@ -181,6 +203,7 @@ METHODS: dict[str, Method] = {
             MethodKind.slicing,
             "remove a fraction of the residual-stream width (SliceGPT, ICLR 2024)",
             calibrated=True,
+            simulation=Simulation.projection,
         ),
         Method(
             "magnitude",
@@ -188,6 +211,7 @@ METHODS: dict[str, Method] = {
             "zero the weights of smallest |W| in each linear, one threshold per layer (the baseline of "
             "the Wanda and SparseGPT papers)",
             False,
+            simulation=Simulation.own_mask,
         ),
         Method(
             "magnitude-row",
@@ -196,6 +220,7 @@ METHODS: dict[str, Method] = {
             "unstructured only: N:M is per row for every method)",
             False,
             nm_patterns=False,
+            simulation=Simulation.own_mask,
         ),
         Method(
             "wanda",
@@ -203,6 +228,7 @@ METHODS: dict[str, Method] = {
             "zero the weights of smallest |W| * ||X|| (input activation norm from the calibration data), "
             "compared within each output row",
             calibrated=True,
+            simulation=Simulation.own_mask,
         ),
         Method(
             "sparsegpt",
@@ -210,6 +236,7 @@ METHODS: dict[str, Method] = {
             "OBS-style pruning with the layer's Hessian X X^T, updating the kept weights; blocks of 128 "
             "columns, 1% damping",
             calibrated=True,
+            simulation=Simulation.wanda_mask,
         ),
         Method(
             "attention-drop",
@@ -250,6 +277,11 @@ def method(name: str) -> Method:
 def stored_method_entry(stored: str) -> Method | None:
     """The registry entry a stored method name ("wanda-2:4", "slicegpt-stock") belongs to, or None."""
     return next((m for m in METHODS.values() if stored in m.stored_names()), None)
+
+
+def simulated_methods() -> tuple[str, ...]:
+    """The methods a `simulate` job can reproduce from one dense pass."""
+    return tuple(name for name, entry in METHODS.items() if entry.simulation is not None)
 
 
 def methods_of(kind: MethodKind) -> tuple[str, ...]:

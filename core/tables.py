@@ -129,6 +129,11 @@ class Job(Base):
     parent_id: Mapped[str | None] = mapped_column(String(36), index=True, default=None)
 
 
+RESULT_SOURCES = ("measured", "published", "simulated")
+"""Where a result comes from: a job measured it; a paper published it (`core.published`); or a
+`simulate` job simulated it (`workers.simulation`). Laws and baselines read measured rows only."""
+
+
 class Result(Base):
     __tablename__ = "results"
     __table_args__ = (Index("ix_results_model_method_metric", "model_id", "method", "metric"),)
@@ -148,9 +153,7 @@ class Result(Base):
     value: Mapped[float] = mapped_column(Float)
     stderr: Mapped[float | None] = mapped_column(Float, default=None)
     n: Mapped[int | None] = mapped_column(Integer, default=None)
-    source: Mapped[str] = mapped_column(
-        String(16), default="measured"
-    )  # measured | published (core.published)
+    source: Mapped[str] = mapped_column(String(16), default="measured")  # one of RESULT_SOURCES
     law: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -27,8 +27,11 @@ def list_results(
     sparsity_max: Annotated[float | None, Query(ge=0, le=1)] = None,
     job_id: Annotated[str | None, Query(max_length=36)] = None,
     source: Annotated[
-        Literal["measured", "published"] | None,
-        Query(description="`measured` here, or `published` (imported with `prunecast import-published`)."),
+        Literal["measured", "published", "simulated"] | None,
+        Query(
+            description="`measured` here, `published` (imported with `prunecast import-published`) or "
+            "`simulated` (by `simulate` jobs, never mixed into measured curves)."
+        ),
     ] = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,

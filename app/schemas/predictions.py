@@ -293,3 +293,14 @@ class CurvePublic(BaseModel):
     profile_predicted: list[CurvePointPublic] | None = Field(
         None, description="Its predictions with band, up to the profile's largest sparsity."
     )
+    simulation_job_id: str | None = Field(
+        None, description="Perplexity: the newest `simulate` job of this model, method and protocol."
+    )
+    simulated: list[CurvePointPublic] | None = Field(
+        None,
+        description="That job's simulated points at face value, with the sampling band of a subset of "
+        "windows (null band: every window scored). Never mixed into `measured`.",
+    )
+    anchored: list[CurvePointPublic] | None = Field(
+        None, description="The simulated curve scaled through that job's anchors (null without anchors)."
+    )

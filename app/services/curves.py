@@ -21,6 +21,7 @@ from app.services.series import (
     load_series,
     pooled_accuracy_prior,
 )
+from app.services.simulated import newest_simulation
 from core.laws import DEFAULT_LEVEL
 from core.profiles import METHOD_FEATURES
 
@@ -65,6 +66,13 @@ def load_curve(
     curve.source = selector.source
     if metric == PPL and method in METHOD_FEATURES and selector.source == "measured":
         curve.profile_predictor, curve.profile_predicted = _profile_curve(services, series, level)
+    if metric == PPL and selector.source == "measured":
+        protocol = (series.seqlen, series.max_windows, series.dtype)
+        simulated = newest_simulation(services, series.model, method, series.dataset, protocol)
+        if simulated is not None:
+            curve.simulation_job_id = simulated.job_id
+            curve.simulated, curve.anchored = simulated.face, simulated.anchored
+            curve.notes.append(simulated.describe)
     return curve
 
 

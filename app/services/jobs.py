@@ -23,6 +23,7 @@ from core.methods import METHODS
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.specs import JobCreate, ProbeJobCreate, ProfileJobCreate, PruneJobCreate, SweepJobCreate
 from core.specs.profile import MASK_PROFILED_METHOD, PROFILED_METHOD
+from core.specs.simulate import SimulateJobCreate
 from core.store import is_outage
 from core.tables import Artifact, Job, JobStatus, Result
 
@@ -126,6 +127,8 @@ def check_submission(services: Services, job: JobCreate, source: ModelSource) ->
         if job.artifact_job_id is not None:
             with services.store.sessions() as session:
                 check_artifact_job(session, job.artifact_job_id, source.model_id)
+    elif isinstance(job, SimulateJobCreate):
+        check_prunable(source, job.method, job.sparsities + job.anchors, job.round_to, job.layout)
     elif isinstance(job, ProfileJobCreate):
         check_profilable(source, job.sparsities, job.round_to)
 

@@ -24,6 +24,8 @@ MEASURED_COLOR = "#111111"
 STRICT_COLOR = "#c0392b"
 CALIBRATED_COLOR = "#1f5fa8"
 PROFILE_COLOR = "#2e8b57"
+SIMULATED_COLOR = "#d35400"
+ANCHORED_COLOR = "#7d3c98"
 
 _configured = False
 
@@ -67,6 +69,7 @@ def _limits(curve: CurvePublic) -> tuple[float, float]:
         return max(0.0, low - 0.05), min(1.0, max(measured) + 0.05)
     top_cap = 20.0 * max(measured)
     shown = [*measured, *_values(curve.calibrated, "value"), *_values(curve.calibrated, "high")]
+    shown += [*_values(curve.simulated, "value"), *_values(curve.anchored, "value")]
     if curve.calibrated is None:
         shown += [v for v in _values(curve.strict, "value") if v <= 3.0 * max(measured)]
     bottom = min([*measured, *_values(curve.calibrated, "value")])
@@ -108,6 +111,7 @@ def figure(curve: CurvePublic) -> Figure:
         ys = [p.value if p.value is not None else math.nan for p in curve.profile_predicted]
         label = f"from the profile ({curve.profile_predictor})"
         ax.plot(xs, ys, color=PROFILE_COLOR, linewidth=1.8, linestyle="-.", label=label)
+    _simulated(ax, curve, low, high)
     if curve.strict:
         xs = [p.sparsity for p in curve.strict]
         ys = [p.value if p.value is not None else math.nan for p in curve.strict]
@@ -131,6 +135,22 @@ def figure(curve: CurvePublic) -> Figure:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left" if curve.metric == "ppl" else "lower left", fontsize=8)
     return fig
+
+
+def _simulated(ax: Any, curve: CurvePublic, low: float, high: float) -> None:
+    """A simulate job's series: its face values (with their sampling band) and its anchored curve."""
+    if curve.simulated:
+        xs = [p.sparsity for p in curve.simulated]
+        if any(p.low is not None for p in curve.simulated):
+            lo = [p.low if p.low is not None else p.value or low for p in curve.simulated]
+            hi = [p.high if p.high is not None else p.value or high for p in curve.simulated]
+            ax.fill_between(xs, lo, hi, color=SIMULATED_COLOR, alpha=0.15, linewidth=0)
+        ys = [p.value if p.value is not None else math.nan for p in curve.simulated]
+        ax.plot(xs, ys, color=SIMULATED_COLOR, linestyle=":", marker="^", markersize=4, label="simulated")
+    if curve.anchored:
+        xs = [p.sparsity for p in curve.anchored]
+        ys = [p.value if p.value is not None else math.nan for p in curve.anchored]
+        ax.plot(xs, ys, color=ANCHORED_COLOR, marker="s", markersize=4, label="simulated, anchored")
 
 
 def curve_svg(curve: CurvePublic) -> str:

@@ -27,6 +27,7 @@ from core.specs.pruning import (
     SlicedLayout,
     SparsityPattern,
 )
+from core.specs.simulate import SimulateJobCreate
 
 
 class EvaluateJobCreate(ModelSpec):
@@ -172,7 +173,12 @@ class SweepJobCreate(ModelSpec):
 
 
 JobCreate = Annotated[
-    EvaluateJobCreate | PruneJobCreate | SweepJobCreate | ProbeJobCreate | ProfileJobCreate,
+    EvaluateJobCreate
+    | PruneJobCreate
+    | SweepJobCreate
+    | ProbeJobCreate
+    | ProfileJobCreate
+    | SimulateJobCreate,
     Field(discriminator="kind"),
 ]
-JOB_KINDS = ("evaluate", "prune", "sweep", "probe", "profile")
+JOB_KINDS = ("evaluate", "prune", "sweep", "probe", "profile", "simulate")

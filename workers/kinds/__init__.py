@@ -17,6 +17,7 @@ HANDLER_MODULES = {
     "sweep": "workers.kinds.sweep",
     "probe": "workers.kinds.probe",
     "profile": "workers.kinds.profile",
+    "simulate": "workers.kinds.simulate",
 }
 # Kinds whose handler resumes from what an earlier attempt stored; every other kind starts over,
 # and what its earlier attempts stored is discarded first.

@@ -27,6 +27,7 @@ from core.methods import METHODS
 from core.model_sources import ModelSource
 from core.specs.common import AccuracySpec, CalibrationSpec
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
+from core.specs.simulate import SimulateJobCreate
 from core.tables import Artifact, Result
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
@@ -109,7 +110,10 @@ def lap(since: float) -> float:
 
 
 def prepare(
-    context: JobContext, spec: PruningJob, spans: PrepareSpans, accuracy: AccuracySpec | None = None
+    context: JobContext,
+    spec: PruningJob | SimulateJobCreate,
+    spans: PrepareSpans,
+    accuracy: AccuracySpec | None = None,
 ) -> Prepared:
     """Load the model (refusing unsupported architectures before any measurement), then the dense
     baseline (reused from the store when the same model, data and protocol were measured before),
@@ -195,11 +199,11 @@ def draw_calibration(
     return calibration, {**calibration.record, "batch_size": spec.batch_size}
 
 
-def job_pattern(spec: PruningJob) -> str:
+def job_pattern(spec: PruningJob | SimulateJobCreate) -> str:
     return spec.pattern if isinstance(spec, PruneJobCreate) else "unstructured"
 
 
-def stored_method(spec: PruningJob) -> str:
+def stored_method(spec: PruningJob | SimulateJobCreate) -> str:
     """The method name the job's pruned results are stored under (pattern and layout included)."""
     return METHODS[spec.method].stored_name(job_pattern(spec), spec.layout)
 

@@ -21,11 +21,10 @@ from transformers import PreTrainedModel
 from core.methods import METHODS, MethodKind, methods_of
 from workers.block_inputs import home_device
 from workers.pruning import layer_drop, shortgpt
-from workers.pruning.linears import block_linears, prunable_counts, weight_out_in
-from workers.pruning.magnitude import prune_linear_by_magnitude
+from workers.pruning.linears import block_linears, prunable_counts
 from workers.pruning.masks import PATTERNS, UNSTRUCTURED, pattern_sparsity
+from workers.pruning.rules import LINEAR_RULES
 from workers.pruning.sequential import prune_sequentially
-from workers.pruning.sparsegpt import HessianAccumulator, sparsegpt_prune
 from workers.pruning.stream import (
     ProgressCallback,
     StopCheck,
@@ -33,7 +32,6 @@ from workers.pruning.stream import (
     check_calibration,
     walk_blocks,
 )
-from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
 from workers.slicing.adapters import FamilyAdapter, match_structure
 
 
@@ -215,52 +213,37 @@ class MethodEngine:
     refusal: Callable[[PreTrainedModel], str | None] | None = None
 
 
-def _magnitude_by(per_row: bool) -> Callable[[_Run, PruningReport], None]:
+def _intra_layer(method: str) -> Callable[[_Run, PruningReport], None]:
+    """Apply `method`'s rule (`workers.pruning.rules`) to every block linear: data-free rules block by
+    block, the others on the calibration stream as it leaves the already pruned blocks."""
+    rule = LINEAR_RULES[method]
+
     def prune(run: _Run, report: PruningReport) -> None:
-        assert run.pattern is not None
-        for _, block in walk_blocks(
-            run.blocks, compute=run.compute, home=run.home, progress=run.progress, should_stop=run.should_stop
-        ):
-            for _, module in block_linears(run.adapter, block):
-                prune_linear_by_magnitude(module, run.sparsity, run.pattern, per_row=per_row)
+        pattern = run.pattern
+        assert pattern is not None
+        if rule.statistic is None:
+            for _, block in walk_blocks(
+                run.blocks,
+                compute=run.compute,
+                home=run.home,
+                progress=run.progress,
+                should_stop=run.should_stop,
+            ):
+                for _, module in block_linears(run.adapter, block):
+                    rule.prune(module, None, run.sparsity, pattern)
+            return
+        prune_sequentially(
+            run.adapter,
+            run.blocks,
+            run.batches,
+            rule.statistic,
+            lambda module, statistic: rule.prune(module, statistic, run.sparsity, pattern),
+            compute=run.compute,
+            progress=run.progress,
+            should_stop=run.should_stop,
+        )
 
     return prune
-
-
-def _wanda(run: _Run, report: PruningReport) -> None:
-    pattern = run.pattern
-    assert pattern is not None
-
-    def prune_wanda(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
-        return prune_linear_by_wanda(module, statistic, run.sparsity, pattern)
-
-    _sequentially(run, FeatureSquares, prune_wanda)
-
-
-def _sparsegpt(run: _Run, report: PruningReport) -> None:
-    pattern = run.pattern
-    assert pattern is not None
-
-    def prune_sparsegpt(module: torch.nn.Module, statistic: Any) -> torch.Tensor:
-        weight = weight_out_in(module)  # (out, in), a view of the stored parameter
-        new_weight, mask = sparsegpt_prune(weight, statistic.matrix, run.sparsity, pattern)
-        weight.copy_(new_weight)
-        return mask
-
-    _sequentially(run, HessianAccumulator, prune_sparsegpt)
-
-
-def _sequentially(run: _Run, statistic: Any, prune: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
-    prune_sequentially(
-        run.adapter,
-        run.blocks,
-        run.batches,
-        statistic,
-        prune,
-        compute=run.compute,
-        progress=run.progress,
-        should_stop=run.should_stop,
-    )
 
 
 def _branch_drop(branch: str) -> Callable[[_Run, PruningReport], None]:
@@ -299,10 +282,7 @@ def _shortgpt(run: _Run, report: PruningReport) -> None:
 
 
 ENGINES: dict[str, MethodEngine] = {
-    "magnitude": MethodEngine(_magnitude_by(per_row=False)),
-    "magnitude-row": MethodEngine(_magnitude_by(per_row=True)),
-    "wanda": MethodEngine(_wanda),
-    "sparsegpt": MethodEngine(_sparsegpt),
+    **{name: MethodEngine(_intra_layer(name)) for name in LINEAR_RULES},
     "attention-drop": MethodEngine(_branch_drop("attention")),
     "mlp-drop": MethodEngine(_branch_drop("mlp")),
     "shortgpt": MethodEngine(_shortgpt, refusal=shortgpt.renumbering_refusal),

@@ -53,7 +53,7 @@ def prune_sequentially(
         blocks, compute=compute, home=home, progress=progress, should_stop=should_stop
     ):
         linears = block_linears(adapter, block)
-        statistics = _input_statistics(linears, batches, index, block, new_statistic, compute)
+        statistics = input_statistics(linears, batches, index, block, new_statistic, compute)
         for path, module in linears:
             prune_linear(module, statistics[path])
         del statistics
@@ -61,7 +61,7 @@ def prune_sequentially(
             batch.hidden = run_block(block, index, batch, compute).to(home)  # (B, T, D): next block's input
 
 
-def _input_statistics(
+def input_statistics(
     linears: list[tuple[str, nn.Module]],
     batches: list[BlockBatch],
     index: int,

@@ -296,7 +296,7 @@ def slice_model(
     adapter = detect_family(model)
     if is_fused(model, adapter):
         raise ValueError("the model is already fused or sliced; slice the original dense model")
-    slice_head = _resolve_slice_head(adapter.name, slice_head)
+    slice_head = resolve_slice_head(adapter.name, slice_head)
     model.eval()
     dense_config = model.config.to_dict()
     full = hidden_width(model, adapter)
@@ -388,7 +388,7 @@ def calibration_keep(
     return keep
 
 
-def _resolve_slice_head(family: str, slice_head: bool | None) -> bool:
+def resolve_slice_head(family: str, slice_head: bool | None) -> bool:
     """None: the family's default; refuses an unsliced head where the family's forward needs one."""
     if slice_head is None:
         return head_sliced_by_default(family)

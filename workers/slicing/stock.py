@@ -114,7 +114,7 @@ class PooledMoment:
         self.close_signal(moment)
 
 
-def _check_stock_family(model: PreTrainedModel, adapter: FamilyAdapter) -> None:
+def check_stock_family(model: PreTrainedModel, adapter: FamilyAdapter) -> None:
     """Refuse what the stock layout cannot express: LayerNorms, parallel-residual blocks, norms on
     branch outputs (by structure, whatever the config calls the model)."""
     blocks = adapter.blocks(model)
@@ -155,7 +155,7 @@ def slice_model_stock(
     pooling = Pooling(pooling)
     keep = calibration_keep(calibration_ids, attention_mask, batch_size)
     adapter = detect_family(model)
-    _check_stock_family(model, adapter)
+    check_stock_family(model, adapter)
     if is_fused(model, adapter):
         raise ValueError("the model is already fused or sliced; slice the original dense model")
     model.eval()
@@ -169,7 +169,7 @@ def slice_model_stock(
 
     batches = capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
     timings: dict[str, Any] = {"capture": time.perf_counter() - started, "blocks": []}
-    moment = _pooled_moment(
+    moment = pooled_moment(
         adapter, blocks, batches, full, compute, home, pooling, timings, progress, should_stop
     )
     batches.clear()
@@ -203,7 +203,7 @@ def slice_model_stock(
     )
 
 
-def _pooled_moment(
+def pooled_moment(
     adapter: FamilyAdapter,
     blocks: nn.ModuleList,
     batches: list[BlockBatch],

@@ -208,7 +208,7 @@ def test_statistics_in_row_chunks_with_padding_zeroed_equal_the_whole_selection(
 
 
 def test_linears_reading_one_input_share_one_statistic() -> None:
-    from workers.pruning.sequential import _input_statistics
+    from workers.pruning.sequential import input_statistics
     from workers.pruning.stream import capture
     from workers.slicing.adapters import match_structure
 
@@ -219,7 +219,7 @@ def test_linears_reading_one_input_share_one_statistic() -> None:
     batches = capture(model, adapter, ids, torch.ones_like(ids, dtype=torch.bool), 2, cpu, cpu)
     block = adapter.blocks(model)[0]
     linears = block_linears(adapter, block)
-    statistics = _input_statistics(linears, batches, 0, block, HessianAccumulator, cpu)
+    statistics = input_statistics(linears, batches, 0, block, HessianAccumulator, cpu)
     groups: dict[int, list[str]] = {}
     for path, statistic in statistics.items():
         groups.setdefault(id(statistic), []).append(path)

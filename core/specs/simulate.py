@@ -1,0 +1,135 @@
+"""Simulate job requests: a method's whole perplexity curve from one dense pass, without pruning.
+
+docs/science.md §2 ("Simulated curves") says what a simulation computes and how close it comes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
+
+from core.methods import METHODS, STOCK_LAYOUT, UNSTRUCTURED, Simulation, simulated_methods
+from core.specs.common import CalibrationSpec, ModelSpec, PerplexitySpec
+from core.specs.pruning import LAYOUT_DESCRIPTION, ROUND_TO_DESCRIPTION, SLICE_HEAD_DESCRIPTION, SlicedLayout
+
+SimulatedMethod = Literal["slicegpt", "magnitude", "magnitude-row", "wanda", "sparsegpt"]
+if set(get_args(SimulatedMethod)) != set(simulated_methods()):
+    raise AssertionError("SimulatedMethod must list exactly core.methods.simulated_methods()")
+
+BasisSource = Literal["dense", "sequential"]
+DEFAULT_BASES: BasisSource = "sequential"
+"""Per-layer slicing's default: bases of the projected stream, as SliceGPT takes them
+(bench/README.md, "simulate_smollm2.py", measured what each choice costs and buys)."""
+DEFAULT_BASIS_FRACTION = 0.75
+"""`sequential` bases come from this share of the calibration windows unless `basis_windows` says."""
+MIN_BASIS_WINDOWS = 8
+MAX_SIMULATED_SPARSITIES = 20
+MAX_ANCHORS = 4
+
+
+class SimulateJobCreate(ModelSpec):
+    """Simulate what pruning would do to a model's perplexity at every requested sparsity, from passes
+    over the dense model: SliceGPT as the dense model with each residual signal projected on the top-d
+    directions of its basis; the mask methods as the dense model with their masks applied to the
+    weights for the length of one forward (`sparsegpt` by Wanda's mask without its weight update: a
+    proxy, labelled so). Nothing is pruned or saved. Points are stored with `source: simulated`, apart
+    from measured ones; `anchors` also runs the method itself at those sparsities (through the same
+    passes, no weight surgery) and stores the curve scaled through them (`law: anchored`)."""
+
+    kind: Literal["simulate"]
+    method: SimulatedMethod = Field(
+        description="The method to simulate; the drop methods have no simulation (prune them)."
+    )
+    sparsities: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
+        default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5],
+        min_length=1,
+        max_length=10 * MAX_SIMULATED_SPARSITIES,
+        description=f"Sparsities to simulate (sorted and deduplicated; at most {MAX_SIMULATED_SPARSITIES}). "
+        "All of them share one pass block by block; each costs one evaluation of the windows.",
+    )
+    anchors: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = Field(
+        default_factory=list,
+        max_length=MAX_ANCHORS,
+        description="Sparsities at which the method itself also runs (SliceGPT: its own sequential bases "
+        "from every calibration window; Wanda and SparseGPT: statistics of the pruned stream; magnitude "
+        "needs none: its simulation is exact). One anchor scales the simulated log-increase by a "
+        "constant, two or more by a line in the sparsity; the scaled curve is stored as `law: anchored`.",
+    )
+    bases: BasisSource | None = Field(
+        None,
+        description="`slicegpt` per-layer only. `sequential` (null means this): each sparsity's bases come "
+        "from the calibration stream projected at its own width, block by block, as SliceGPT takes them, "
+        "from `basis_windows` of the calibration windows. `dense`: every basis from the dense stream "
+        "(one calibration pass for all sparsities; cheaper, and further from the method).",
+    )
+    basis_windows: int | None = Field(
+        None,
+        ge=1,
+        description="`sequential` bases: how many calibration windows they are taken from. null: "
+        f"{DEFAULT_BASIS_FRACTION:g} of `calibration.num_sequences` (at least {MIN_BASIS_WINDOWS}).",
+    )
+    round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
+    slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
+    layout: SlicedLayout | None = Field(
+        None,
+        description=LAYOUT_DESCRIPTION + " The stock layout's one basis comes from the dense stream, as "
+        "the method takes it, so its simulation is the sliced model itself.",
+    )
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec,
+        description="The calibration a prune of the same request would draw (unused by `magnitude`).",
+    )
+    perplexity: PerplexitySpec = Field(
+        default_factory=PerplexitySpec,
+        description="The evaluation windows every sparsity is scored on; the dense baseline is reused from "
+        "an earlier job when model, data and this protocol match. `max_windows` below the full split "
+        "scores a subset: each point then carries a sampling band for the full-split value.",
+    )
+
+    @field_validator("sparsities", "anchors")
+    @classmethod
+    def _sorted_distinct(cls, value: list[float]) -> list[float]:
+        distinct = sorted({s + 0.0 for s in value})
+        if len(distinct) > MAX_SIMULATED_SPARSITIES:
+            raise ValueError(f"{len(distinct)} distinct sparsities, at most {MAX_SIMULATED_SPARSITIES}")
+        return distinct
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SimulateJobCreate:
+        entry = METHODS[self.method]
+        entry.check(max(self.sparsities + self.anchors), UNSTRUCTURED, self.slice_head, self.layout)
+        if self.bases is not None and (
+            entry.simulation is not Simulation.projection or self.layout == STOCK_LAYOUT
+        ):
+            raise ValueError(
+                "bases applies to slicegpt in the per-layer layout only (the stock layout's one basis and "
+                "the mask methods' statistics have no choice of stream); leave it null"
+            )
+        if self.basis_windows is not None and (
+            entry.simulation is not Simulation.projection
+            or self.layout == STOCK_LAYOUT
+            or self.bases == "dense"
+        ):
+            raise ValueError(
+                "basis_windows applies to sequential bases (slicegpt per-layer) only; leave it null"
+            )
+        if self.basis_windows is not None and self.basis_windows > self.calibration.num_sequences:
+            raise ValueError(
+                f"basis_windows {self.basis_windows} exceeds calibration.num_sequences "
+                f"{self.calibration.num_sequences}"
+            )
+        return self
+
+    @property
+    def basis_source(self) -> BasisSource:
+        """The per-layer bases' stream (meaningful for per-layer slicing only)."""
+        return self.bases or DEFAULT_BASES
+
+    @property
+    def sequential_windows(self) -> int:
+        """Calibration windows each sparsity's sequential bases are taken from."""
+        if self.basis_windows is not None:
+            return self.basis_windows
+        share = round(DEFAULT_BASIS_FRACTION * self.calibration.num_sequences)
+        return min(self.calibration.num_sequences, max(MIN_BASIS_WINDOWS, share))

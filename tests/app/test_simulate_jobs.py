@@ -1,0 +1,96 @@
+"""`simulate` jobs: a simulated curve stored apart from measured points, anchored through the method
+itself, refused up front where the method has no simulation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.app.test_jobs_api import assert_problem
+from tests.app.test_prune_jobs import wait_done
+
+CALIBRATION = {"num_sequences": 4, "seqlen": 32, "batch_size": 2}
+PERPLEXITY = {"seqlen": 64, "max_windows": 3}
+
+
+def simulate_body(model: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "kind": "simulate",
+        "model": model,
+        "method": "slicegpt",
+        "sparsities": [0.25, 0.5],
+        "anchors": [0.25, 0.5],
+        "calibration": CALIBRATION,
+        "perplexity": PERPLEXITY,
+        **overrides,
+    }
+
+
+def test_a_simulation_stores_simulated_anchor_and_anchored_points_apart_from_measured_ones(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    job = api.post("/v1/jobs", json=simulate_body(model)).json()
+    done = wait_done(api, job["id"], worker)
+    assert done["status"] == "succeeded", done
+
+    rows = api.get("/v1/results", params={"job_id": job["id"], "limit": 50}).json()["items"]
+    dense = [r for r in rows if r["method"] == "dense"]
+    simulated = [r for r in rows if r["source"] == "simulated"]
+    assert len(dense) == 1 and dense[0]["source"] == "measured"  # the baseline is measured, as a prune's
+    by_role: dict[tuple[str, str | None], dict[float, float]] = {}
+    for row in simulated:
+        key = (row["protocol"]["simulation"]["role"], row["law"])
+        by_role.setdefault(key, {})[row["sparsity"]] = row["value"]
+        assert row["protocol"]["seqlen"] == 64 and row["protocol"]["dense_ppl"] == dense[0]["value"]
+    face, anchors = by_role[("simulated", None)], by_role[("anchor", None)]
+    anchored = by_role[("simulated", "anchored")]
+    assert set(face) == set(anchors) == set(anchored) == {0.25, 0.5}
+    for sparsity in (0.25, 0.5):  # two anchors: the line in s passes through both
+        assert math.isclose(anchored[sparsity], anchors[sparsity], rel_tol=1e-9)
+    measured_only = api.get("/v1/results", params={"job_id": job["id"], "source": "measured"}).json()["items"]
+    assert [r["method"] for r in measured_only] == ["dense"]
+    assert len(api.get("/v1/results", params={"source": "simulated", "model": model}).json()["items"]) == 6
+
+    # Only part of the split was scored: each face value carries its sampling band.
+    band = next(r for r in simulated if r["law"] is None)["protocol"]["band"]
+    assert band["windows"] == 3 and band["low"] < band["high"] and band["level"] == 0.95
+
+    # The curve draws them as their own series; the measured points stay the dense one alone.
+    params = {"metric": "ppl", "method": "slicegpt", "seqlen": 64, "max_windows": 3}
+    curve = api.get(f"/v1/models/{model}/curves", params=params).json()
+    assert curve["simulation_job_id"] == job["id"] and [p["sparsity"] for p in curve["measured"]] == [0.0]
+    assert [p["value"] for p in curve["simulated"]] == [face[0.25], face[0.5]]
+    assert [p["value"] for p in curve["anchored"]] == [anchored[0.25], anchored[0.5]]
+    svg = api.get(f"/v1/models/{model}/curves", params={**params, "format": "svg"}).text
+    assert "simulated, anchored" in svg
+
+
+def test_wanda_simulation_with_one_anchor_scales_by_a_constant(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    body = simulate_body(str(tiny_model_dir), method="wanda", sparsities=[0.3, 0.6], anchors=[0.6])
+    job = api.post("/v1/jobs", json=body).json()
+    assert wait_done(api, job["id"], worker)["status"] == "succeeded"
+    rows = api.get("/v1/results", params={"job_id": job["id"], "source": "simulated"}).json()["items"]
+    [anchored] = [r for r in rows if r["law"] == "anchored" and r["sparsity"] == 0.6]
+    [anchor] = [r for r in rows if r["protocol"]["simulation"]["role"] == "anchor"]
+    assert anchored["protocol"]["anchored"]["form"] == "constant"
+    assert math.isclose(anchored["value"], anchor["value"], rel_tol=1e-9)
+    assert anchor["protocol"]["simulation"]["exact"] is True
+
+
+def test_a_method_without_a_simulation_or_a_bad_option_is_refused_up_front(
+    api: TestClient, tiny_model_dir: Path
+) -> None:
+    model = str(tiny_model_dir)
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, method="shortgpt")), 422)
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, method="wanda", bases="dense")), 422)
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_windows=99)), 422)
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, bases="dense", basis_windows=2)), 422)
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, sparsities=[0.99])), 422)

@@ -1,0 +1,251 @@
+"""`simulate` jobs: a method's perplexity at every requested sparsity from passes over the dense model
+(`workers.simulation`), stored as `simulated` points beside, never among, the measured ones.
+
+Stages and the share of the job's progress each one covers:
+
+    loading model   0.00-0.02
+    dense baseline  0.02-0.10  reused from the store like a prune job's, else measured and stored
+    calibration     0.10-0.12  the windows a prune of the same request would draw
+    simulating      0.12-1.00  detail "(S sparsities, A anchors): block i/L", then every curve's
+                               windows are read through the head
+
+Stored, per simulated sparsity: a `ppl` result with `source: simulated`, its perplexity protocol (the
+same keys as a measured one, so it is found by protocol), the dense baseline it compares with, and
+under `simulation` how it was made (engine, bases, windows, role) with its sampling band for the full
+evaluation split when only part of it was scored. Per anchor: the method itself through the same
+passes (`role: anchor`). With anchors, each simulated sparsity also gets the curve scaled through them
+(`law: anchored`, `core.anchoring`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from core.anchoring import Anchor, AnchoredScale, fit_scale
+from core.methods import METHODS
+from core.specs.simulate import SimulateJobCreate
+from core.tables import Result
+from workers.context import JobContext, JobFailure
+from workers.evaluate import PerplexityResult
+from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare, stored_method
+from workers.kinds.steps import perplexity_protocol, step_reporter
+from workers.offload import suspended
+from workers.simulation import (
+    ANCHOR,
+    SIMULATED,
+    SimulatedPoint,
+    SimulationOptions,
+    SimulationReport,
+    SimulationStopped,
+    simulate_curve,
+)
+
+SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
+BAND_LEVEL = 0.95
+BAND_Z = 1.959963984540054  # the standard normal's 97.5 % quantile
+SIMULATED_SOURCE = "simulated"
+ANCHORED_LAW = "anchored"
+
+
+def run(context: JobContext) -> None:
+    spec = SimulateJobCreate.model_validate(context.request)
+    started = time.perf_counter()
+    prepared = prepare(context, spec, SPANS)
+    data = prepared.data
+    available = data.token_ids.numel() // data.seqlen
+    windows = (
+        available if spec.perplexity.max_windows is None else min(available, spec.perplexity.max_windows)
+    )
+    eval_ids = data.token_ids[: windows * data.seqlen].view(windows, data.seqlen)  # (W, T)
+    calibration = prepared.calibration
+    options = SimulationOptions(
+        layout=spec.layout,
+        bases=spec.basis_source,
+        basis_windows=spec.sequential_windows,
+        round_to=spec.round_to,
+        slice_head=spec.slice_head,
+        calibration_batch_size=spec.calibration.batch_size,
+        eval_batch_size=spec.perplexity.batch_size,
+    )
+    detail = f"({len(spec.sparsities)} sparsities, {len(spec.anchors)} anchors): "
+    context.report("simulating", SPANS.calibration[1], detail)
+    simulating_started = time.perf_counter()
+    try:
+        with suspended(prepared.loaded.model):  # the simulation streams blocks itself
+            report = simulate_curve(
+                prepared.loaded.model,
+                spec.method,
+                eval_ids,
+                spec.sparsities,
+                anchors=spec.anchors,
+                calibration_ids=None if calibration is None else calibration.input_ids,
+                attention_mask=None if calibration is None else calibration.attention_mask,
+                options=options,
+                device=prepared.loaded.device,
+                progress=step_reporter(context, "simulating", SPANS.calibration[1], 1.0, "block", detail),
+                should_stop=context.should_stop,
+            )
+    except SimulationStopped:
+        context.check_stop()
+        raise
+    except ValueError as error:  # UnsupportedArchitectureError included
+        raise JobFailure(f"simulating: {error}") from error
+    timings = {**prepared.timings, "simulate_s": lap(simulating_started), "total_s": lap(started)}
+    rows = simulated_results(prepared, spec, report, available, timings)
+    context.add_results(rows)
+    context.log.info(
+        "simulation finished",
+        method=spec.method,
+        points=len(report.points),
+        anchored=sum(row.law == ANCHORED_LAW for row in rows),
+        timings=report.timings,
+    )
+
+
+def simulated_results(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    available_windows: int,
+    timings: dict[str, float],
+) -> list[Result]:
+    """One `ppl` row per simulated point and anchor, and with anchors one `anchored` row per simulated
+    sparsity. Raises JobFailure for a non-finite perplexity (nothing could be stored or fitted)."""
+    dense = prepared.dense.value
+    for point in report.points:
+        if not math.isfinite(point.scores.ppl):
+            raise JobFailure(
+                f"the simulated perplexity at sparsity {point.sparsity:g} is not finite "
+                f"({point.scores.ppl}); simulate in float32 or at lower sparsities"
+            )
+    anchors = [
+        Anchor(point.sparsity, simulated.scores.ppl, point.scores.ppl)
+        for point in report.points
+        if point.role == ANCHOR
+        for simulated in [_face_at(report, point.sparsity)]
+        if simulated is not None
+    ]
+    scale = fit_scale(anchors, dense)
+    rows = [_row(prepared, spec, report, point, available_windows, timings) for point in report.points]
+    if scale is not None:
+        rows += [
+            _anchored_row(prepared, spec, report, point, scale, available_windows, timings)
+            for point in report.points
+            if point.role == SIMULATED
+        ]
+    return rows
+
+
+def _face_at(report: SimulationReport, sparsity: float) -> SimulatedPoint | None:
+    return next((p for p in report.points if p.role == SIMULATED and p.sparsity == sparsity), None)
+
+
+def _row(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    point: SimulatedPoint,
+    available_windows: int,
+    timings: dict[str, float],
+) -> Result:
+    scores = point.scores
+    band = _band(point, available_windows)
+    return Result(
+        model_id=prepared.source.model_id,
+        model_revision=prepared.loaded.revision,
+        method=stored_method(spec),
+        sparsity=point.sparsity,
+        metric="ppl",
+        dataset=prepared.data.spec.dataset,
+        split=prepared.data.corpus.split,
+        value=scores.ppl,
+        stderr=None if band is None else band["stderr_log"] * scores.ppl,
+        n=scores.tokens,
+        source=SIMULATED_SOURCE,
+        protocol=_protocol(prepared, spec, report, point, timings) | {"band": band},
+    )
+
+
+def _anchored_row(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    point: SimulatedPoint,
+    scale: AnchoredScale,
+    available_windows: int,
+    timings: dict[str, float],
+) -> Result:
+    row = _row(prepared, spec, report, point, available_windows, timings)
+    value = scale.apply(point.sparsity, point.scores.ppl, prepared.dense.value)
+    factor = scale.factor(point.sparsity)
+    row.value = value
+    row.law = ANCHORED_LAW
+    row.stderr = None if row.stderr is None else row.stderr / point.scores.ppl * value * abs(factor)
+    row.protocol = {**row.protocol, "anchored": {**scale.to_dict(), "factor": factor}, "band": None}
+    return row
+
+
+def _protocol(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    point: SimulatedPoint,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    scores = point.scores
+    measured = PerplexityResult(
+        ppl=scores.ppl,
+        nll_mean=scores.nll_mean,
+        windows=int(scores.nll.numel()),
+        tokens_scored=scores.tokens,
+        seqlen=prepared.data.seqlen,
+        max_windows=spec.perplexity.max_windows,
+        elapsed_s=report.timings.get("total", 0.0),
+    )
+    return {
+        **perplexity_protocol(
+            measured, prepared.data.spec, prepared.data.corpus, prepared.loaded.dtype, spec.seed
+        ),
+        "method": spec.method,
+        "dense_result_id": prepared.dense.id,
+        "dense_ppl": prepared.dense.value,
+        "dense_reused": prepared.dense_reused,
+        "calibration": prepared.calibration_record,
+        "simulation": {
+            "role": point.role,
+            "engine": report.simulation,
+            "bases": report.bases,
+            "basis_windows": report.basis_windows if point.role == SIMULATED else None,
+            "width": point.width,
+            # the method's own model up to float rounding (an anchor always is), not an approximation
+            "exact": point.role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),
+            "anchors": spec.anchors,
+            "family": report.family,
+            "calibration_tokens": report.calibration_tokens,
+            "engine_timings_s": {key: round(value, 3) for key, value in report.timings.items()},
+        },
+        "timings": timings,
+        **prepared.environment,
+    }
+
+
+def _band(point: SimulatedPoint, available_windows: int) -> dict[str, Any] | None:
+    """The normal band in ln PPL for the full split's value, from the spread of the scored windows'
+    NLL (finite-population corrected); None when every window was scored or only one was."""
+    scores = point.scores
+    windows = int(scores.nll.numel())
+    if windows >= available_windows:
+        return None
+    stderr = scores.log_ppl_stderr(population=available_windows)
+    if stderr is None:
+        return None
+    return {
+        "level": BAND_LEVEL,
+        "low": scores.ppl * math.exp(-BAND_Z * stderr),
+        "high": scores.ppl * math.exp(BAND_Z * stderr),
+        "stderr_log": stderr,
+        "windows": windows,
+        "of_windows": available_windows,
+    }

@@ -1,0 +1,220 @@
+"""SliceGPT simulated: the dense model with every residual signal projected on its basis' top-d span.
+
+Why this is the sliced model (docs/science.md §2, "Simulated curves"): a sliced block reads its
+input x_d = x Q[:, :d] through a norm whose constant keeps the original width, which sees exactly
+what the dense norm sees of the projection P x = x Q_d Q_dᵀ; its writers add branch outputs rotated
+and cut to the next basis' d directions, so the next signal is P'(P x + branch(P x)). Running the
+dense blocks (norms folded or not: the readers see the same thing) with each signal projected
+therefore gives the sliced model's logits, without rotating or cutting a weight. The signals are
+slicing's: the embedding output, each block's pre-MLP stream and each block output (one signal per
+parallel-residual block); the last block output only when the head is sliced. LayerNorm families take
+their bases from the centred signals, as slicing does after removing the mean; a kept span is then
+orthogonal to the all-ones direction, so projecting the uncentred signal removes the mean too.
+
+Where the bases come from decides how close the simulation is:
+- `sequential`: each sparsity has its own calibration stream, projected at its own width as it goes,
+  and each signal's basis is the PCA of that projected stream: SliceGPT's own bases, exactly when the
+  stream holds every calibration window (what anchors use), estimated from fewer windows otherwise;
+- `dense`: one unprojected calibration stream gives every sparsity's bases (one pass for all), which
+  ignores that slicing's later bases see the earlier slicing's errors;
+- the stock layout: one basis for every signal, the PCA of all of them pooled on the dense stream, as
+  `workers.slicing.stock` takes it: the simulation is the stock-sliced model (every signal projected,
+  the last block output too).
+PCA as slicing's (`workers.slicing.pca`): float64 moments, 1 % damping, eigenvectors by eigenvalue.
+
+Cost: the calibration streams' block passes and moments (one D x D eigendecomposition per stream and
+signal) and, per simulated sparsity, the evaluation windows' block passes plus two (W T x D x d)
+products per signal; memory: one block on the device, every stream's hidden states where the model
+lives (calibration: N T D per sequential stream, a share of it with `basis_windows`; evaluation:
+W T D per sparsity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from workers.block_inputs import BlockBatch, move_to
+from workers.pruning.stream import walk_blocks
+from workers.simulation.tracks import ProgressCallback, StopCheck, Track
+from workers.slicing.adapters import FamilyAdapter
+from workers.slicing.pca import SecondMoment, principal_basis
+from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
+from workers.slicing.stock import DEFAULT_POOLING, pooled_moment
+
+Advance = Callable[[BlockBatch], torch.Tensor]
+"""One batch's signal after the next half-block (B, T, D), on the compute device."""
+
+
+@dataclass
+class BasisStream:
+    """Calibration windows whose signals give bases: projected at `width` as they go (sequential), or
+    left dense (`width` None: one stream serving every sparsity)."""
+
+    batches: list[BlockBatch]
+    width: int | None
+    basis: torch.Tensor | None = None  # (D, D) float64: the current signal's eigenvectors
+
+
+@dataclass
+class ProjectedTrack(Track):
+    """One simulated sparsity: its evaluation windows and where its bases come from."""
+
+    width: int = 0
+    source: BasisStream | None = None  # None: the shared stock basis
+
+
+@dataclass(frozen=True)
+class Projection:
+    """What every signal step needs."""
+
+    adapter: FamilyAdapter
+    full: int
+    centred: bool  # LayerNorm family: bases from the centred signals
+    slice_head: bool  # the last block output is projected too
+    compute: torch.device
+    home: torch.device
+    shared: torch.Tensor | None = None  # the stock layout's one basis (D, D)
+
+
+def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tensor:
+    """hidden Q_d Q_dᵀ: the signal's part in the top-`width` directions, in the signal's dtype. Where
+    fewer directions are dropped than kept it subtracts the dropped part instead, h - h Q_r Q_rᵀ (the
+    same projection in 2 D (D - d) rather than 2 D d multiply-adds per position)."""
+    full = basis.shape[1]
+    if width >= full:
+        return hidden
+    if 2 * width <= full:
+        kept = basis[:, :width].to(device=hidden.device, dtype=hidden.dtype)  # (D, d)
+        return (hidden @ kept) @ kept.T
+    dropped = basis[:, width:].to(device=hidden.device, dtype=hidden.dtype)  # (D, D - d)
+    return hidden - (hidden @ dropped) @ dropped.T
+
+
+def simulate_projected(
+    model: nn.Module,
+    projection: Projection,
+    streams: list[BasisStream],
+    tracks: list[ProjectedTrack],
+    progress: ProgressCallback | None,
+    should_stop: StopCheck | None,
+) -> None:
+    """Run every stream and track through the blocks (one block on the device at a time), each signal
+    projected as the module docstring says; the tracks' batches end at the last block's output."""
+    adapter = projection.adapter
+    blocks = adapter.blocks(model)
+    _signal(projection, streams, tracks, lambda batch: batch.hidden.to(projection.compute), last=False)
+    for index, block in walk_blocks(
+        blocks, compute=projection.compute, home=projection.home, progress=progress, should_stop=should_stop
+    ):
+        last = index == len(blocks) - 1
+        if adapter.is_parallel(block):
+            parallel = ParallelSkipConnectedBlock(block, adapter)  # identity skip: the dense block
+            _signal(projection, streams, tracks, _whole(parallel, index, projection.compute), last)
+            continue
+        wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block, branch by branch
+        _signal(projection, streams, tracks, _attention_half(wrapper, index, projection.compute), False)
+        _signal(
+            projection,
+            streams,
+            tracks,
+            _mlp_half(wrapper, projection.compute),
+            last,
+        )
+    for stream in streams:
+        stream.batches.clear()
+
+
+def stock_basis(
+    model: nn.Module,
+    projection: Projection,
+    calibration: list[BlockBatch],
+    progress: ProgressCallback | None,
+    should_stop: StopCheck | None,
+) -> torch.Tensor:
+    """The stock layout's one basis: slicing's own pooled dense pass (`workers.slicing.stock`)."""
+    blocks = projection.adapter.blocks(model)
+    moment = pooled_moment(
+        projection.adapter,
+        blocks,
+        calibration,
+        projection.full,
+        projection.compute,
+        projection.home,
+        DEFAULT_POOLING,
+        {"blocks": []},
+        progress,
+        should_stop,
+    )
+    calibration.clear()
+    return principal_basis(moment.matrix)[1]
+
+
+def _attention_half(wrapper: SkipConnectedBlock, index: int, compute: torch.device) -> Advance:
+    def advance(batch: BlockBatch) -> torch.Tensor:
+        hidden, (args, kwargs) = move_to((batch.hidden, batch.call(index)), compute)
+        return wrapper.attention_residual(hidden, wrapper.call_arguments(hidden, args, kwargs))
+
+    return advance
+
+
+def _mlp_half(wrapper: SkipConnectedBlock, compute: torch.device) -> Advance:
+    def advance(batch: BlockBatch) -> torch.Tensor:
+        return wrapper.mlp_residual(batch.hidden.to(compute))
+
+    return advance
+
+
+def _whole(block: ParallelSkipConnectedBlock, index: int, compute: torch.device) -> Advance:
+    def advance(batch: BlockBatch) -> torch.Tensor:
+        hidden, (args, kwargs) = move_to((batch.hidden, batch.call(index)), compute)
+        return block(hidden, *args, **kwargs)
+
+    return advance
+
+
+def _signal(
+    projection: Projection,
+    streams: list[BasisStream],
+    tracks: list[ProjectedTrack],
+    advance: Advance,
+    last: bool,
+) -> None:
+    """Advance every stream and track to the next signal; take each stream's basis of it; project the
+    sequential streams and the tracks on theirs (the last block output: only with a sliced head)."""
+    projected = projection.slice_head or not last
+    for stream in streams:
+        _advance_stream(projection, stream, advance, measure=projected)
+    for track in tracks:
+        basis = projection.shared if track.source is None else track.source.basis
+        for batch in track.batches:
+            signal = advance(batch)  # (B, T, D)
+            if projected:
+                assert basis is not None
+                signal = project(signal, basis, track.width)
+            batch.hidden = signal.to(projection.home)
+
+
+def _advance_stream(projection: Projection, stream: BasisStream, advance: Advance, measure: bool) -> None:
+    """One calibration stream to its next signal; with `measure`, that signal's basis, and the stream
+    projected on it if sequential."""
+    moment = SecondMoment(projection.full, projection.compute) if measure else None
+    for batch in stream.batches:
+        signal = advance(batch)  # (B, T, D)
+        if moment is not None:
+            moment.add(_centre(signal) if projection.centred else signal, batch.keep)
+        batch.hidden = signal.to(projection.home)
+    if moment is None:
+        return
+    stream.basis = principal_basis(moment.matrix)[1]
+    if stream.width is not None:
+        for batch in stream.batches:
+            kept = project(batch.hidden.to(projection.compute), stream.basis, stream.width)
+            batch.hidden = kept.to(projection.home)
+
+
+def _centre(x: torch.Tensor) -> torch.Tensor:
+    return x - x.mean(dim=-1, keepdim=True)
