@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from typing import Any
 
 from core.anchoring import Anchor, AnchoredScale, fit_scale
 from core.methods import METHODS
+from core.sampling import sampled_band
 from core.specs.simulate import SimulateJobCreate
 from core.tables import Result
 from workers.context import JobContext, JobFailure
@@ -44,7 +46,6 @@ from workers.simulation import (
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 BAND_LEVEL = 0.95
-BAND_Z = 1.959963984540054  # the standard normal's 97.5 % quantile
 SIMULATED_SOURCE = "simulated"
 ANCHORED_LAW = "anchored"
 
@@ -232,20 +233,7 @@ def _protocol(
 
 
 def _band(point: SimulatedPoint, available_windows: int) -> dict[str, Any] | None:
-    """The normal band in ln PPL for the full split's value, from the spread of the scored windows'
-    NLL (finite-population corrected); None when every window was scored or only one was."""
-    scores = point.scores
-    windows = int(scores.nll.numel())
-    if windows >= available_windows:
-        return None
-    stderr = scores.log_ppl_stderr(population=available_windows)
-    if stderr is None:
-        return None
-    return {
-        "level": BAND_LEVEL,
-        "low": scores.ppl * math.exp(-BAND_Z * stderr),
-        "high": scores.ppl * math.exp(BAND_Z * stderr),
-        "stderr_log": stderr,
-        "windows": windows,
-        "of_windows": available_windows,
-    }
+    """The band for the full split's value from the scored windows (`core.sampling`); None when every
+    window was scored."""
+    band = sampled_band(point.scores.per_window, available_windows, BAND_LEVEL)
+    return None if band is None else asdict(band)

@@ -61,15 +61,10 @@ class WindowScores:
     def tokens(self) -> int:
         return self.nll.numel() * self.tokens_per_window
 
-    def log_ppl_stderr(self, population: int | None = None) -> float | None:
-        """Standard error of ln PPL over windows drawn from `population` windows (finite-population
-        correction; None: infinite), or None with a single window."""
-        count = self.nll.numel()
-        if count < 2:
-            return None
-        per_token = self.nll / self.tokens_per_window  # (W,) mean NLL of each window
-        correction = 1.0 if population is None else max(0.0, 1.0 - count / population)
-        return float(per_token.std(unbiased=True)) / math.sqrt(count) * math.sqrt(correction)
+    @property
+    def per_window(self) -> list[float]:
+        """Each window's mean next-token NLL (their mean is ln PPL: every window scores as many tokens)."""
+        return (self.nll / self.tokens_per_window).tolist()
 
 
 @torch.no_grad()
