@@ -49,6 +49,7 @@ import torch  # noqa: E402
 from core.anchoring import Anchor, fit_scale  # noqa: E402
 from core.methods import METHODS  # noqa: E402
 from core.model_sources import resolve_model  # noqa: E402
+from core.sampling import sampled_band  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from core.specs.simulate import DEFAULT_BASIS_FRACTION  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
@@ -229,8 +230,8 @@ def measure_masks(bench: Bench, method: str, dense: float) -> dict[str, Any]:
 
 
 def band_coverage(out: dict[str, Any], scored_windows: int) -> dict[str, Any]:
-    """Does the 95 % band of a simulation scored on its first `scored_windows` windows cover the value of
-    every window? One check per model, simulation and sparsity (the windows' NLL are stored)."""
+    """Does the band (`core.sampling`) of a simulation scored on its first `scored_windows` windows cover
+    the value over every window? One check per model, simulation and sparsity."""
     checks = []
     for model, record in out["models"].items():
         runs = [(m, r) for m, r in record.items() if isinstance(r, dict) and "window_nll" in r]
@@ -241,26 +242,18 @@ def band_coverage(out: dict[str, Any], scored_windows: int) -> dict[str, Any]:
         ]
         for label, run in runs:
             for s, per_window in run["window_nll"].items():
-                full = statistics.fmean(per_window)
-                part = per_window[:scored_windows]
-                stderr = (
-                    statistics.stdev(part) / math.sqrt(len(part)) * math.sqrt(1 - len(part) / len(per_window))
-                )
-                centre = statistics.fmean(part)
+                band = sampled_band(per_window[:scored_windows], len(per_window))
+                assert band is not None
+                full = math.exp(statistics.fmean(per_window))
                 checks.append(
-                    {
-                        "model": model,
-                        "run": label,
-                        "sparsity": s,
-                        "covered": abs(full - centre) <= 1.959964 * stderr,
-                    }
+                    {"model": model, "run": label, "sparsity": s, "covered": band.low <= full <= band.high}
                 )
-    covered = sum(c["covered"] for c in checks)
+    misses = [check for check in checks if not check["covered"]]
     return {
         "scored_windows": scored_windows,
         "checks": len(checks),
-        "covered": covered,
-        "misses": [c for c in checks if not c["covered"]],
+        "covered": len(checks) - len(misses),
+        "misses": misses,
     }
 
 
@@ -279,32 +272,45 @@ def sweep(bench: Bench, name: str) -> dict[str, Any]:
 
 
 def zero_points(out: dict[str, Any]) -> dict[str, Any]:
-    """Each model's face values scaled by the other model's two-anchor c(s)."""
+    """Each model's face values scaled by the other model's c: constant from its anchor at 0.2, and the
+    line through its anchors at 0.2 and 0.4."""
     models = list(out["models"])
     result: dict[str, Any] = {}
     if len(models) != 2:
         return result
+    slicing = (f"sequential_{DEFAULTS['basis_windows']}", "dense_bases")
     for this, other in (models, models[::-1]):
-        for method, label in (("slicegpt", "sequential"), ("wanda", "face"), ("sparsegpt", "face")):
+        for method, curve in [("slicegpt", c) for c in slicing] + [("wanda", None), ("sparsegpt", None)]:
             mine, theirs = out["models"][this].get(method), out["models"][other].get(method)
+            if curve is not None:  # slicing: that variant's face values, the sweep's truth
+                if not mine or not theirs or curve not in mine or curve not in theirs:
+                    continue
+                mine, theirs = (
+                    {**mine, "face": mine[curve]["face"]},
+                    {**theirs, "face": theirs[curve]["face"]},
+                )
             if not mine or not theirs:
                 continue
-            key = f"sequential_{DEFAULTS['basis_windows']}" if label == "sequential" else None
-            face = mine[key]["face"] if key else mine["face"]
-            their_face = theirs[key]["face"] if key else theirs["face"]
-            scale = fit_scale(
-                [Anchor(s, their_face[s], theirs["truth"][s]) for s in TWO_ANCHORS],
-                out["models"][other]["dense"]["ppl"],
-            )
-            dense = out["models"][this]["dense"]["ppl"]
-            assert scale is not None
-            errors = {s: abs(math.log(scale.apply(s, v, dense) / mine["truth"][s])) for s, v in face.items()}
-            result[f"{this} {method} (c from {other})"] = {
-                "errors": errors,
-                "median": statistics.median(errors.values()),
-                "max": max(errors.values()),
-            }
+            face, truth = _floats(mine["face"]), _floats(mine["truth"])
+            their_face, their_truth = _floats(theirs["face"]), _floats(theirs["truth"])
+            dense, their_dense = out["models"][this]["dense"]["ppl"], out["models"][other]["dense"]["ppl"]
+            for label, anchors in (("one_anchor", ONE_ANCHOR), ("two_anchors", TWO_ANCHORS)):
+                scale = fit_scale([Anchor(s, their_face[s], their_truth[s]) for s in anchors], their_dense)
+                assert scale is not None
+                errors = {s: abs(math.log(scale.apply(s, v, dense) / truth[s])) for s, v in face.items()}
+                variant = "" if curve is None else f" {curve}"
+                result[f"{this} {method}{variant}, c from {other} ({label})"] = {
+                    "errors": errors,
+                    "median": statistics.median(errors.values()),
+                    "max": max(errors.values()),
+                    "c": scale.to_dict(),
+                }
     return result
+
+
+def _floats(curve: dict[Any, float]) -> dict[float, float]:
+    """A curve's points keyed by float sparsity (JSON turned them into strings)."""
+    return {float(s): v for s, v in curve.items()}
 
 
 def main() -> None:
@@ -315,6 +321,9 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=32)
     parser.add_argument("--windows", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--summary-only", dest="measure", action="store_false", help="recompute the summaries of --out"
+    )
     parser.add_argument(
         "--no-costs", dest="costs", action="store_false", help="skip the runs that only time the defaults"
     )
@@ -351,7 +360,7 @@ def main() -> None:
         out["cpu_s"] = time.process_time() - cpu_started
         args.out.write_text(json.dumps(out, indent=2))
 
-    for name in args.models:
+    for name in args.models if args.measure else ():
         measure(name, args, settings, out, save)
     out["zero_points"] = zero_points(out)
     out["band_coverage"] = band_coverage(out, subset_windows(args))

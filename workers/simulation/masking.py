@@ -7,7 +7,7 @@ statistics pick the masks (docs/science.md §2, "Simulated curves"):
 - Wanda's face value takes its input norms from the dense calibration stream, one pass for every
   sparsity, where Wanda itself takes them from the stream as it leaves the already pruned blocks;
 - SparseGPT's face value is Wanda's mask without SparseGPT's weight update: a proxy, not a bound
-  (on SmolLM2 it lies below SparseGPT at s = 0.2-0.3 and above it from 0.4; bench/README.md);
+  (on SmolLM2 it lies below SparseGPT at s = 0.2-0.3, above it at 0.1 and from 0.4; bench/README.md);
 - an anchor runs the method itself: its own calibration stream through its own pruned blocks, the
   statistics recorded from it (`workers.pruning.sequential`), SparseGPT's update included.
 The rule applied to each linear is the pruning engine's (`workers.pruning.rules`).
