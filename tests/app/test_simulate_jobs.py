@@ -74,13 +74,15 @@ def test_wanda_simulation_with_one_anchor_scales_by_a_constant(
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:
     worker = start_worker()
-    body = simulate_body(str(tiny_model_dir), method="wanda", sparsities=[0.3, 0.6], anchors=[0.6])
+    body = simulate_body(str(tiny_model_dir), method="wanda", sparsities=[0.3], anchors=[0.6])
     job = api.post("/v1/jobs", json=body).json()
     assert wait_done(api, job["id"], worker)["status"] == "succeeded"
     rows = api.get("/v1/results", params={"job_id": job["id"], "source": "simulated"}).json()["items"]
     [anchored] = [r for r in rows if r["law"] == "anchored" and r["sparsity"] == 0.6]
     [anchor] = [r for r in rows if r["protocol"]["simulation"]["role"] == "anchor"]
     assert anchored["protocol"]["anchored"]["form"] == "constant"
+    # the anchor's own sparsity was simulated too, so the curve is anchored there and at 0.3
+    assert sorted(r["sparsity"] for r in rows if r["law"] == "anchored") == [0.3, 0.6]
     assert math.isclose(anchored["value"], anchor["value"], rel_tol=1e-9)
     assert anchor["protocol"]["simulation"]["exact"] is True
 
