@@ -138,19 +138,26 @@ def figure(curve: CurvePublic) -> Figure:
 
 
 def _simulated(ax: Any, curve: CurvePublic, low: float, high: float) -> None:
-    """A simulate job's series: its face values (with their sampling band) and its anchored curve."""
+    """A simulate job's series: its face values (with their sampling band) and its anchored curve, each
+    drawn from the dense point, which a simulation at s = 0 reproduces."""
+    dense = [(p.sparsity, p.value) for p in curve.measured if p.sparsity == 0.0][:1]
     if curve.simulated:
         xs = [p.sparsity for p in curve.simulated]
         if any(p.low is not None for p in curve.simulated):
             lo = [p.low if p.low is not None else p.value or low for p in curve.simulated]
             hi = [p.high if p.high is not None else p.value or high for p in curve.simulated]
             ax.fill_between(xs, lo, hi, color=SIMULATED_COLOR, alpha=0.15, linewidth=0)
-        ys = [p.value if p.value is not None else math.nan for p in curve.simulated]
+        xs, ys = _from_dense(dense, curve.simulated)
         ax.plot(xs, ys, color=SIMULATED_COLOR, linestyle=":", marker="^", markersize=4, label="simulated")
     if curve.anchored:
-        xs = [p.sparsity for p in curve.anchored]
-        ys = [p.value if p.value is not None else math.nan for p in curve.anchored]
+        xs, ys = _from_dense(dense, curve.anchored)
         ax.plot(xs, ys, color=ANCHORED_COLOR, marker="s", markersize=4, label="simulated, anchored")
+
+
+def _from_dense(dense: list[tuple[float, float]], points: list[Any]) -> tuple[list[float], list[float]]:
+    """(sparsities, values) of a series, led by the dense point when there is one."""
+    pairs = dense + [(p.sparsity, p.value if p.value is not None else math.nan) for p in points]
+    return [s for s, _ in pairs], [v for _, v in pairs]
 
 
 def curve_svg(curve: CurvePublic) -> str:

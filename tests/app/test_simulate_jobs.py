@@ -68,6 +68,8 @@ def test_a_simulation_stores_simulated_anchor_and_anchored_points_apart_from_mea
     assert [p["value"] for p in curve["anchored"]] == [anchored[0.25], anchored[0.5]]
     svg = api.get(f"/v1/models/{model}/curves", params={**params, "format": "svg"}).text
     assert "simulated, anchored" in svg
+    report = api.get(f"/v1/jobs/{job['id']}/report").text  # the job's page draws the same series
+    assert f"simulated by job {job['id']}" in report and "simulated, anchored" in report
 
 
 def test_wanda_simulation_with_one_anchor_scales_by_a_constant(
@@ -96,3 +98,21 @@ def test_a_method_without_a_simulation_or_a_bad_option_is_refused_up_front(
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_windows=99)), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, bases="dense", basis_windows=2)), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, sparsities=[0.99])), 422)
+
+
+def test_data_free_and_stock_simulations_are_marked_exact(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Magnitude reads no calibration; the stock layout's one basis is the method's own: both are the
+    pruned model itself, and say so."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    for overrides, stored in (
+        (dict(method="magnitude"), "magnitude"),
+        (dict(layout="stock"), "slicegpt-stock"),
+    ):
+        job = api.post("/v1/jobs", json=simulate_body(model, anchors=[], **overrides)).json()
+        assert wait_done(api, job["id"], worker)["status"] == "succeeded"
+        rows = api.get("/v1/results", params={"job_id": job["id"], "source": "simulated"}).json()["items"]
+        assert {r["method"] for r in rows} == {stored} and len(rows) == 2
+        assert all(r["protocol"]["simulation"]["exact"] for r in rows)
