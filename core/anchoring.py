@@ -18,6 +18,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+SIMULATED_ROLE = "simulated"
+"""A stored simulated point of the cheap simulation (its face value): `protocol.simulation.role`."""
+ANCHOR_ROLE = "anchor"
+"""A stored simulated point where the method itself ran through the simulation's passes."""
+ANCHORED_LAW = "anchored"
+"""The `law` of the rows that hold the simulated curve scaled through its anchors."""
+
 MIN_LOG_INCREASE = 1e-6
 """A simulated log-increase below this (the dense point, s = 0) cannot pin c and is skipped."""
 

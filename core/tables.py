@@ -129,7 +129,8 @@ class Job(Base):
     parent_id: Mapped[str | None] = mapped_column(String(36), index=True, default=None)
 
 
-RESULT_SOURCES = ("measured", "published", "simulated")
+SIMULATED_SOURCE = "simulated"
+RESULT_SOURCES = ("measured", "published", SIMULATED_SOURCE)
 """Where a result comes from: a job measured it; a paper published it (`core.published`); or a
 `simulate` job simulated it (`workers.simulation`). Laws and baselines read measured rows only."""
 

@@ -12,10 +12,9 @@ from sqlalchemy import select
 from app.deps import Services
 from app.schemas.predictions import CurvePointPublic
 from app.services.series import finite
-from core.tables import Job, JobStatus, Result
+from core.anchoring import ANCHORED_LAW, SIMULATED_ROLE
+from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result
 
-SIMULATED = "simulated"
-ANCHORED = "anchored"
 MAX_ROWS = 2_000
 
 
@@ -44,7 +43,7 @@ def newest_simulation(
             Result.method == method,
             Result.metric == "ppl",
             Result.dataset == dataset,
-            Result.source == SIMULATED,
+            Result.source == SIMULATED_SOURCE,
             Job.status == JobStatus.succeeded,
         )
         .order_by(Result.id.desc())
@@ -57,8 +56,8 @@ def newest_simulation(
     job_id = rows[0].job_id
     assert job_id is not None
     mine = sorted((row for row in rows if row.job_id == job_id), key=lambda row: row.sparsity)
-    face = [_point(row) for row in mine if row.law is None and _role(row) == SIMULATED]
-    anchored = [_point(row) for row in mine if row.law == ANCHORED]
+    face = [_point(row) for row in mine if row.law is None and _role(row) == SIMULATED_ROLE]
+    anchored = [_point(row) for row in mine if row.law == ANCHORED_LAW]
     simulation = mine[0].protocol.get("simulation") or {}
     describe = (
         f"simulated by job {job_id}: {simulation.get('engine')}"

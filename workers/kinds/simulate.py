@@ -24,11 +24,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from core.anchoring import Anchor, AnchoredScale, fit_scale
+from core.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
 from core.methods import METHODS
 from core.sampling import sampled_band
 from core.specs.simulate import SimulateJobCreate
-from core.tables import Result
+from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
 from workers.evaluate import PerplexityResult
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare, stored_method
@@ -46,8 +46,6 @@ from workers.simulation import (
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 BAND_LEVEL = 0.95
-SIMULATED_SOURCE = "simulated"
-ANCHORED_LAW = "anchored"
 
 
 def run(context: JobContext) -> None:

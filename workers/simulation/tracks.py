@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core.anchoring import ANCHOR_ROLE, SIMULATED_ROLE
 from workers.block_inputs import BlockBatch
 
 ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
 StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block
 
-SIMULATED = "simulated"
+SIMULATED = SIMULATED_ROLE
 """A track of the cheap simulation (the face value)."""
-ANCHOR = "anchor"
+ANCHOR = ANCHOR_ROLE
 """A track that runs the method itself (its own bases or statistics) through the same passes."""
 
 
