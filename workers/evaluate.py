@@ -46,6 +46,18 @@ def effective_seqlen(model: torch.nn.Module, requested: int) -> int:
     return requested
 
 
+def evaluation_windows(token_ids: torch.Tensor, seqlen: int, max_windows: int | None) -> torch.Tensor:
+    """The protocol's windows: the first `max_windows` (all: None) non-overlapping windows of `seqlen`
+    tokens of `token_ids` (1-D), the remainder dropped: (W, T) long. ValueError without a whole window."""
+    available = token_ids.numel() // seqlen
+    if available == 0:
+        raise ValueError(
+            f"need at least one window of {seqlen} tokens, got {token_ids.numel()}; use a smaller seqlen"
+        )
+    total = available if max_windows is None else min(available, max_windows)
+    return token_ids[: total * seqlen].to(torch.long).view(total, seqlen)
+
+
 def perplexity(
     model: torch.nn.Module,
     token_ids: torch.Tensor,
@@ -70,13 +82,8 @@ def perplexity(
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if max_windows is not None and max_windows < 1:
         raise ValueError(f"max_windows must be at least 1 or None, got {max_windows}")
-    available = token_ids.numel() // seqlen
-    if available == 0:
-        raise ValueError(
-            f"need at least one window of {seqlen} tokens, got {token_ids.numel()}; use a smaller seqlen"
-        )
-    total = available if max_windows is None else min(available, max_windows)
-    windows = token_ids[: total * seqlen].to(torch.long).view(total, seqlen)  # (W, T)
+    windows = evaluation_windows(token_ids, seqlen, max_windows)  # (W, T)
+    total = windows.shape[0]
     device = next(model.parameters()).device
 
     started = time.perf_counter()

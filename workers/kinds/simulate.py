@@ -30,7 +30,7 @@ from core.sampling import sampled_band
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
-from workers.evaluate import PerplexityResult
+from workers.evaluate import PerplexityResult, evaluation_windows
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare, stored_method
 from workers.kinds.steps import perplexity_protocol, step_reporter
 from workers.offload import suspended
@@ -53,11 +53,11 @@ def run(context: JobContext) -> None:
     started = time.perf_counter()
     prepared = prepare(context, spec, SPANS)
     data = prepared.data
-    available = data.token_ids.numel() // data.seqlen
-    windows = (
-        available if spec.perplexity.max_windows is None else min(available, spec.perplexity.max_windows)
-    )
-    eval_ids = data.token_ids[: windows * data.seqlen].view(windows, data.seqlen)  # (W, T)
+    available = data.token_ids.numel() // data.seqlen  # the split's windows, which a band covers
+    try:
+        eval_ids = evaluation_windows(data.token_ids, data.seqlen, spec.perplexity.max_windows)  # (W, T)
+    except ValueError as error:
+        raise JobFailure(f"perplexity: {error}") from error
     calibration = prepared.calibration
     options = SimulationOptions(
         layout=spec.layout,
