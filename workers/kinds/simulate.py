@@ -77,7 +77,7 @@ def run(context: JobContext) -> None:
                 prepared.loaded.model,
                 spec.method,
                 eval_ids,
-                sorted({*spec.sparsities, *spec.anchors}),  # an anchor scales the face value at its own s
+                spec.sparsities,
                 anchors=spec.anchors,
                 calibration_ids=None if calibration is None else calibration.input_ids,
                 attention_mask=None if calibration is None else calibration.attention_mask,

@@ -86,9 +86,11 @@ def simulate_curve(
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> SimulationReport:
-    """Simulate `method` at `sparsities` (and run it at `anchors`) on the evaluation windows `eval_ids`
-    (W, T), calibrated on `calibration_ids` (N, T) when the method reads data. The model is not
-    changed. ValueError (UnsupportedArchitectureError included) for what cannot be simulated;
+    """Simulate `method` at `sparsities` and at `anchors` (an anchor scales the face value at its own
+    sparsity), and run the method itself at `anchors`, on the evaluation windows `eval_ids` (W, T),
+    calibrated on `calibration_ids` (N, T) when the method reads data. Where the simulation is the
+    method itself (`Method.simulates_exactly`) an anchor is its face value, not a second pass. The
+    model is not changed. ValueError (UnsupportedArchitectureError included) for what cannot be simulated;
     `SimulationStopped` when should_stop() asks, checked before each block."""
     started = time.perf_counter()
     entry = METHODS[method]
@@ -131,6 +133,9 @@ def simulate_curve(
         calibration_tokens=calibration_tokens,
     )
     report.timings["capture"] = time.perf_counter() - started
+    faces = sorted({*sparsities, *anchors})
+    exact = entry.simulates_exactly(options.layout)
+    passes = () if exact else anchors  # anchors that need the method's own pass
     if slicing:
         tracks: list[Track] = _simulate_slicing(
             model,
@@ -138,8 +143,8 @@ def simulate_curve(
             report,
             evaluation,
             calibration,
-            sparsities,
-            anchors,
+            faces,
+            passes,
             options,
             compute,
             home,
@@ -154,8 +159,8 @@ def simulate_curve(
             method,
             evaluation,
             calibration,
-            sparsities,
-            anchors,
+            faces,
+            passes,
             compute,
             home,
             progress,
@@ -170,6 +175,8 @@ def simulate_curve(
             SimulatedPoint(track.sparsity, track.role, width, score_windows(head, track.batches, eval_ids))
         )
         track.batches.clear()
+    if exact:
+        report.points += [replace(point, role=ANCHOR) for point in report.points if point.sparsity in anchors]
     report.timings["scoring"] = time.perf_counter() - passes_done
     report.timings["total"] = time.perf_counter() - started
     return report
@@ -211,14 +218,10 @@ def _simulate_slicing(
     else:
         report.bases = options.bases
         streams, sources = _per_layer_streams(calibration, sparsities, anchors, options, full)
-        report.basis_windows = next(
-            (
-                sequences(source.batches)
-                for _, role, source in sources
-                if role == SIMULATED and source and source.width
-            ),
-            None,
-        )
+        if options.bases != "dense":  # whole batches: the windows the sequential streams hold
+            report.basis_windows = sequences(
+                calibration[: batches_holding(calibration, options.basis_windows)]
+            )
     tracks = [
         ProjectedTrack(
             s, role, fork(evaluation), width=sliced_width(full, s, options.round_to), source=source
