@@ -1,4 +1,4 @@
-"""Simulate job requests: a method's whole perplexity curve from one dense pass, without pruning.
+"""Simulate job requests: a method's whole perplexity curve from passes over the dense model, unpruned.
 
 docs/science.md §2 ("Simulated curves") says what a simulation computes and how close it comes.
 """
