@@ -19,8 +19,12 @@ each measured width. Modes, each scoring a prediction only on points its coeffic
   calibrated laws (`core.laws`) fit it alone; the others are predicted;
 - `leave-one-sparsity-out`: the calibrated laws fitted on every other point of the curve.
 
-Scores: MAPE and max APE of the predicted perplexity, and the coverage of the stated band at its
-level (a 95 % band should hold about 95 % of held-out points). Pure Python.
+The law rung adds one: `alpha law pooled over other models` (leave-one-model-out, the law a model with
+no pruned point of its own answers with).
+
+Scores: the |ln(predicted / measured)| miss pooled model -> curve (`core.prediction.records`), MAPE
+beside it for comparison with older records, and the coverage of the stated band at its level (a
+95 % band should hold about 95 % of held-out points). Pure Python.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import cached_property
+from typing import Any
 
 from core import cross_method, feature_laws, laws
 from core.feature_laws import Coefficient
 from core.methods import stored_method_entry
+from core.prediction import priors, records
 from core.profiles import UNCALIBRATED_FEATURE
 
 
@@ -58,18 +64,24 @@ class Curve:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """One held-out point: what was predicted, from what, and how it landed."""
+    """One held-out point: whose it was, what was predicted, from what, and how it landed."""
 
+    model: str
     curve: str
     sparsity: float
     measured: float
     predicted: float
     band: tuple[float, float] | None
     fitted_on: str
+    distance: float | None = None  # from the one point the prediction was fitted on, in sparsity
 
     @property
     def ape(self) -> float:
         return abs(self.predicted - self.measured) / self.measured
+
+    @property
+    def log_error(self) -> float:
+        return records.log_error(self.predicted, self.measured)
 
     @property
     def covered(self) -> bool | None:
@@ -78,7 +90,8 @@ class HeldOut:
 
 @dataclass(frozen=True)
 class Score:
-    """A predictor's held-out record in one mode."""
+    """A predictor's held-out record in one mode: scored by |ln| miss pooled model -> curve
+    (`summary`); the mean absolute percentage error is kept for comparison with older records."""
 
     predictor: str
     mode: str
@@ -88,6 +101,10 @@ class Score:
     @property
     def n(self) -> int:
         return len(self.points)
+
+    @cached_property
+    def summary(self) -> records.Summary:
+        return records.summarize(self.points, [p.covered for p in self.points])
 
     @property
     def mape(self) -> float | None:
@@ -99,8 +116,7 @@ class Score:
 
     @property
     def coverage(self) -> float | None:
-        flags = [p.covered for p in self.points if p.covered is not None]
-        return sum(flags) / len(flags) if flags else None
+        return self.summary.coverage
 
 
 ZERO_CURVE = "zero-points, leave-one-curve-out"
@@ -108,38 +124,6 @@ ZERO_MODEL = "zero-points, leave-one-model-out"
 CROSS_METHOD = "zero-points, other methods of the model"
 ONE_POINT = "one-point"
 LOSO = "leave-one-sparsity-out"
-
-
-RELIABLE_MAPE = 0.15  # the error the product promises for a model with no pruned point
-ROUGH_MAPE = 0.5  # beyond it a prediction is not even the right size: the answer says so
-VerdictLevel = Literal["reliable", "rough", "unreliable", "unscored"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How far a prediction can be trusted, read off the backtest record it carries."""
-
-    level: VerdictLevel
-    advice: str
-
-
-def verdict(score: Score | None, minimum_points: int) -> Verdict:
-    """The verdict of a chosen predictor's backtest record. Fixed thresholds, not fitted on any
-    curve: MAPE at most RELIABLE_MAPE is reliable, at most ROUGH_MAPE rough, above it unreliable
-    (magnitude across models, 190-305 %, is the case this exists for); a record of fewer than
-    `minimum_points` held-out points is unscored. The band's coverage is reported beside it."""
-    if score is None or score.mape is None or score.n < minimum_points:
-        return Verdict("unscored", "no backtest yet: measure a curve of this method to score it")
-    coverage = "" if score.coverage is None else f", band coverage {score.coverage:.0%}"
-    record = f"backtest MAPE {score.mape:.1%} over {score.n} held-out points{coverage}"
-    if score.mape <= RELIABLE_MAPE:
-        return Verdict("reliable", record)
-    if score.mape <= ROUGH_MAPE:
-        return Verdict("rough", f"{record}: read it as a direction and a range, not a number")
-    return Verdict(
-        "unreliable",
-        f"{record}: not even the right size; measure the sparsity you need (a sweep or a prune job)",
-    )
 
 
 @dataclass(frozen=True)
@@ -163,6 +147,7 @@ def feature_predictor(name: str, power: bool = False) -> str:
 FACE_VALUE = f"{UNCALIBRATED_FEATURE} at face value (c = 1)"
 STRICT = "strict law"
 CALIBRATED = "calibrated law"
+POOLED_ALPHA = "alpha law pooled over other models"
 
 
 @dataclass(frozen=True)
@@ -312,7 +297,25 @@ def backtest(
     for mode, one_point in ((ONE_POINT, True), (LOSO, False)):
         calibrated = tuple(p for c in curves for p in _calibrated(c, level, one_point=one_point))
         scores.append(Score(CALIBRATED, mode, level, calibrated))
+    scores.append(Score(POOLED_ALPHA, ZERO_MODEL, level, tuple(_pooled_alpha_held(curves, level))))
     return scores
+
+
+def curve_points(curve: Curve) -> priors.CurvePoints:
+    return priors.CurvePoints(curve.model, curve.label, curve.ppl0, curve.points)
+
+
+def _pooled_alpha_held(curves: Sequence[Curve], level: float) -> list[HeldOut]:
+    """Each curve predicted by the alpha law pooled over the method's curves of other models."""
+    held = []
+    for curve in curves:
+        prior = priors.pooled_alpha([curve_points(c) for c in _other_models(curve, curves)])
+        if prior is None:
+            continue
+        for s, ppl in curve.points:
+            value, band = priors.predict(curve.ppl0, prior, s, level)
+            held.append(HeldOut(curve.model, curve.label, s, ppl, value, band, prior.source))
+    return held
 
 
 def _cross_method_held(law: FeatureLaw, curves: Sequence[Curve], pool: Sequence[Curve]) -> list[HeldOut]:
@@ -357,13 +360,23 @@ def _predict_all(
         predicted = feature_laws.predict(
             curve.ppl0, feature, coefficient, exponent=fit.exponent, log_anchor=log_anchor
         )
-        held.append(HeldOut(curve.label, s, measured, predicted.value, predicted.band, fitted_on))
+        held.append(
+            HeldOut(curve.model, curve.label, s, measured, predicted.value, predicted.band, fitted_on)
+        )
     return held
 
 
 def _strict(curve: Curve) -> list[HeldOut]:
     return [
-        HeldOut(curve.label, s, ppl, laws.strict_ppl(curve.ppl0, s), None, "nothing (needs only PPL0)")
+        HeldOut(
+            curve.model,
+            curve.label,
+            s,
+            ppl,
+            laws.strict_ppl(curve.ppl0, s),
+            None,
+            "nothing (needs only PPL0)",
+        )
         for s, ppl in curve.points
     ]
 
@@ -378,5 +391,10 @@ def _calibrated(curve: Curve, level: float, *, one_point: bool) -> list[HeldOut]
                 continue
             prediction = laws.calibrate_ppl(curve.ppl0, training).predict(s, level)
             fitted_on = ", ".join(f"s = {t:g}" for t, _ in training)
-            held.append(HeldOut(curve.label, s, ppl, prediction.value, prediction.band, fitted_on))
+            distance = min(abs(s - t) for t, _ in training)
+            held.append(
+                HeldOut(
+                    curve.model, curve.label, s, ppl, prediction.value, prediction.band, fitted_on, distance
+                )
+            )
     return held
