@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -254,13 +255,23 @@ def _predict_body(args: argparse.Namespace) -> dict[str, Any]:
         body["protocol"] = {key: value for key, value in protocol.items() if value is not None}
     if args.points:
         body["points"] = json.loads(Path(args.points).read_text())
-    return body
+    return body | _answer_options(args)
+
+
+def _answer_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if getattr(args, "rung", "best") != "best":
+        options["rung"] = args.rung
+    if getattr(args, "measure_missing", False):
+        options["measure_missing"] = True
+    return options
 
 
 def _prediction_gates(answer: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """--max-ppl / --max-acc-drop on every requested sparsity. The value checked is the response's
-    `value`: the calibrated law's when there is one, else the strict law's (the line says which). A
-    value the law cannot give (null: it diverges) fails the gate."""
+    answer `value`, from the best rung that can give it (the line names the rung and its verdict); a
+    sparsity no rung can answer fails the gate, and so does an answer whose band reaches past the
+    limit when --band is given."""
     failures: list[str] = []
     checked: list[str] = []
     for metric in answer["metrics"]:
@@ -270,22 +281,25 @@ def _prediction_gates(answer: dict[str, Any], args: argparse.Namespace) -> dict[
             continue
         what = "ppl" if is_ppl else f"{metric['metric']} on {metric['task']}"
         for p in metric["predictions"]:
-            law = "strict law" if p["law"] == "strict" else f"calibrated law {p['law']}"
-            where = f"{what} at s = {p['sparsity']:g} ({law})"
+            verdict = (p.get("verdict") or {}).get("level", "unscored")
+            where = f"{what} at s = {p['sparsity']:g} ({p.get('rung') or 'no rung'}, {verdict})"
             if p["value"] is None:
-                failures.append(f"{where}: no finite prediction")
+                failures.append(f"{where}: no answer")
                 continue
+            worst = p["value"]
+            if getattr(args, "band", False) and p["band"]:
+                worst = (p["band"][1] if is_ppl else p["band"][0]) or math.inf
             if is_ppl:
-                line, bad = f"{where} is {p['value']:.4g} (max {limit:g})", p["value"] > limit
+                line, bad = f"{where} is {worst:.4g} (max {limit:g})", worst > limit
             else:
-                drop = metric["baseline"]["value"] - p["value"]
+                drop = metric["baseline"]["value"] - worst
                 line, bad = f"{where} drops {drop:.4f} (max {limit:g})", drop > limit
             (failures if bad else checked).append(line)
     return _gate_report(failures, checked)
 
 
 def _print_prediction_table(answer: dict[str, Any]) -> None:
-    header = ("metric", "task", "sparsity", "value", "band", "law", "strict", "flags")
+    header = ("metric", "task", "sparsity", "value", "band", "rung", "verdict", "strict", "flags")
     rows = [header]
     for metric in answer["metrics"]:
         for p in metric["predictions"]:
@@ -297,7 +311,8 @@ def _print_prediction_table(answer: dict[str, Any]) -> None:
                     f"{p['sparsity']:g}",
                     _fmt(p["value"]),
                     f"[{_fmt(band[0])}, {_fmt(band[1])}]" if band else "-",
-                    p["law"],
+                    p.get("rung") or "-",
+                    (p.get("verdict") or {}).get("level", "-"),
                     _fmt(p["strict"]),
                     ",".join(p["flags"]) or "-",
                 )
@@ -314,20 +329,16 @@ def _print_prediction_table(answer: dict[str, Any]) -> None:
             print(f"  fitted on {fitted}")
         if metric["strict_law"]:
             print(f"  {metric['strict_law']['verdict']}")
-        _print_before_pruning(metric.get("before_pruning"))
-
-
-def _print_before_pruning(before: dict[str, Any] | None) -> None:
-    """The chosen profile predictor's values, when the model has a stored profile."""
-    if not before or before["chosen"] is None:
-        return
-    chosen = next(p for p in before["predictors"] if p["predictor"] == before["chosen"])
-    values = ", ".join(
-        f"{p['sparsity']:g}: {_fmt(p['value'])} [{_fmt(p['band'][0])}, {_fmt(p['band'][1])}]"
-        for p in chosen["predictions"]
-    )
-    print(f"  from the profile ({before['chosen']}; {before['reason']}): {values}")
-    print(f"  {before['verdict']}: {before['verdict_reason']}")
+        verdicts = {
+            (p["rung"], p["verdict"]["advice"])
+            for p in metric["predictions"]
+            if p.get("verdict") and p["rung"]
+        }
+        for rung, advice in sorted(verdicts):
+            print(f"  {rung}: {advice}")
+        for job in metric.get("missing") or []:
+            queued = any(q["kind"] == job["kind"] for q in metric.get("queued") or [])
+            print(f"  {'queued' if queued else 'missing'}: a {job['kind']} job would give {job['gives']}")
 
 
 def _fmt(value: float | None) -> str:
@@ -433,9 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict",
         help="predict perplexity / accuracy at sparsities (POST /v1/predictions), with CI gates",
-        description="Predict with the calibrated law when measured pruned points exist, else the strict "
-        "law. Exit 0 ok, 1 a gate failed, 3 usage/connection error or a refused request (e.g. 409: "
-        "the dense baseline is unknown; the problem names the evaluate job that measures it).",
+        description="Answer from the best rung that can: measured, simulated, profile, law (each with "
+        "its band and verdict; --measure-missing queues the jobs that would do better). Exit 0 ok, "
+        "1 a gate failed, 3 usage/connection error or a refused request (e.g. 409: the dense baseline "
+        "is unknown; the problem names the job that measures it).",
     )
     predict.add_argument("--server", default=os.environ.get("PRUNECAST_SERVER", DEFAULT_SERVER))
     predict.add_argument("--model", required=True, help="model id as stored in results")
@@ -451,6 +463,18 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--max-windows", default=None, help="perplexity protocol: a number or `all`")
     predict.add_argument("--points", default=None, help="JSON file with your measured points")
     predict.add_argument("--json", action="store_true", help="print the response (and gates) as JSON")
+    predict.add_argument(
+        "--rung",
+        default="best",
+        choices=("best", "measured", "simulated", "profile", "law", "strict"),
+        help="answer from this rung only (default: the best that can answer)",
+    )
+    predict.add_argument(
+        "--measure-missing", action="store_true", help="queue the jobs that would give a better answer"
+    )
+    predict.add_argument(
+        "--band", action="store_true", help="gate on the band's far end instead of the value"
+    )
     _add_gates(predict)
     predict.set_defaults(run=_predict)
     return parser

@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 class Problem(BaseModel):
     """An RFC 9457 problem details object. Problems may carry more members (e.g. `errors` of a
-    validation failure, or the `evaluate_job` that would supply a missing baseline)."""
+    validation failure, or the `job` that would supply a missing baseline)."""
 
     model_config = ConfigDict(extra="allow")
 

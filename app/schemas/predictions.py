@@ -12,11 +12,13 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.schemas.jobs import JobPublic
 from app.schemas.profiles import BeforePruningPublic
+from app.schemas.records import VERDICT_LEVELS, VerdictPublic
 from core.methods import DEFAULT_METHOD
 from core.specs.common import StrictModel
 from core.specs.pruning import StoredMethod
 
 PredictMetric = Literal["ppl", "acc", "acc_norm"]
+AnswerRung = Literal["best", "measured", "simulated", "profile", "law", "strict"]
 MAX_PREDICTION_SPARSITIES = 100
 
 Sparsity = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
@@ -130,10 +132,20 @@ class PredictionCreate(StrictModel):
         None, max_length=1000, description="Your own measured points, used instead of the store."
     )
     level: float = Field(0.95, ge=0.5, le=0.999, description="Coverage of each band.")
+    rung: AnswerRung = Field(
+        "best",
+        description="Where each answer comes from: `best` (the first rung that can answer, in the order "
+        "measured, simulated, profile, law), or one rung by name; `strict` answers with the strict law "
+        "PPL0 ** (1 / (1 - s)), which is otherwise shown for reference only.",
+    )
     measure_missing: bool = Field(
         False,
-        description="When the dense baseline is unknown: queue the `evaluate` job that measures it and "
-        "answer 202 with its link (false: answer 409 naming that job).",
+        description="Queue the jobs that would make a better answer and are missing: with no dense "
+        "baseline, the one job that measures it (a `simulate` job for a method that has a simulation, "
+        "else `evaluate`) and answer 202 with its link; with a baseline but no simulation (or no "
+        "profile, for a method a profile predicts and that has no simulation), queue that job and "
+        "answer at once from the rungs there are (false: 409 for a missing baseline; `missing` names "
+        "the jobs).",
     )
 
     @model_validator(mode="after")
@@ -207,21 +219,57 @@ class StrictLawPublic(BaseModel):
     verdict: str
 
 
+class EstimatePublic(BaseModel):
+    """One rung's answer at one sparsity, or why it cannot give one."""
+
+    rung: str = Field(description="`measured`, `simulated`, `profile`, `law`, or `strict` (reference).")
+    value: float | None = Field(description="null: this rung cannot answer here (`why_not`).")
+    band: list[float | None] | None = Field(
+        description="[low, high] at `level`, log-normal and never below PPL0 (null: no error model)."
+    )
+    predictor: str
+    source: str = Field(description="What it rests on: a job, a profile, fitted points, pooled models.")
+    verdict: VerdictPublic
+    why_not: str | None = None
+    flags: list[str]
+
+
 class PredictedPublic(BaseModel):
-    """One prediction. `value` is the calibrated law's when there is one, else the strict law's."""
+    """The answer at one sparsity: the first rung that can give one (or the one asked for by name),
+    its band, its verdict, and every rung beside it in `alternatives`."""
 
     sparsity: float
-    value: float | None = Field(description="null when the law has no finite value (see flags).")
-    band: list[float | None] | None = Field(description="[low, high] at `level`; null for the strict law.")
+    value: float | None = Field(description="null when no rung can answer (see `alternatives`' why_not).")
+    band: list[float | None] | None = Field(
+        description="[low, high] at `level`: log-normal, never below the dense perplexity; null when the "
+        "answer has no error model."
+    )
     level: float
-    expected_rel_error: float | None = Field(description="One standard deviation, relative.")
-    law: str
+    rung: str | None = Field(None, description="Where `value` came from; null: no rung can answer.")
+    predictor: str | None = None
+    verdict: VerdictPublic | None = Field(
+        None, description="How far the answer can be trusted: " + VERDICT_LEVELS
+    )
+    alternatives: list[EstimatePublic] = Field(
+        default_factory=list,
+        description="Every rung's estimate here, best first, with why the others cannot.",
+    )
+    expected_rel_error: float | None = Field(description="The law rung's: one standard deviation, relative.")
+    law: str = Field(description="The law rung's law (details of `alternatives`' law entry).")
     formula: str
     params: dict[str, float | None]
     strict: float | None = Field(None, description="The strict law's value here (perplexity only).")
     strict_vs_value: float | None = Field(None, description="strict / value - 1.")
     flags: list[str]
     notes: list[str]
+
+
+class MissingJobPublic(BaseModel):
+    """A job that would make a better answer: what it gives and its body for POST /v1/jobs."""
+
+    kind: str
+    gives: str
+    job: dict[str, Any]
 
 
 class MetricPredictionPublic(BaseModel):
@@ -238,6 +286,12 @@ class MetricPredictionPublic(BaseModel):
     predictions: list[PredictedPublic]
     flags: list[str]
     notes: list[str]
+    missing: list[MissingJobPublic] = Field(
+        default_factory=list,
+        description="Jobs that would give a better rung and are not in the store (queued with "
+        "`measure_missing`: see `queued`).",
+    )
+    queued: list[JobPublic] = Field(default_factory=list, description="Jobs `measure_missing` queued.")
     before_pruning: BeforePruningPublic | None = Field(
         None,
         description="Perplexity of `slicegpt` with a stored profile of the model: the feature laws' "

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from core.backtests import RELIABLE_MAPE, ROUGH_MAPE, VerdictLevel
+from app.schemas.records import VERDICT_LEVELS, SummaryPublic, VerdictPublic
 
 
 class LensPublic(BaseModel):
@@ -91,7 +91,8 @@ class BacktestPublic(BaseModel):
     level: float
     n: int = Field(description="Held-out predictions scored.")
     curves: int
-    mape: float | None
+    record: SummaryPublic = Field(description="The |ln| miss pooled model -> curve: what verdicts read.")
+    mape: float | None = Field(description="Mean absolute percentage error, kept for comparison only.")
     max_ape: float | None
     coverage: float | None = Field(description="Share of held-out points inside the band (null: no band).")
     points: list[dict[str, Any]] | None = Field(None, description="With `points=true`: every held-out point.")
@@ -100,12 +101,13 @@ class BacktestPublic(BaseModel):
 class FeaturePredictedPublic(BaseModel):
     sparsity: float
     width: int | None = Field(description="SliceGPT's kept width d; null for the intra-layer methods.")
-    feature: float = Field(
+    feature: float | None = Field(
         description="The profile feature at this sparsity (slicing: at width d), to the law's exponent."
     )
-    value: float
-    band: list[float]
+    value: float | None = Field(description="null: the profile cannot give the feature here (`why_not`).")
+    band: list[float] | None
     level: float
+    why_not: str | None = None
 
 
 class PredictorPublic(BaseModel):
@@ -131,14 +133,11 @@ class BeforePruningPublic(BaseModel):
     features_from: str = Field(description="What of the profile the method is predicted from.")
     own_points: int = Field(description="Pruned points of this model under the profile's calibration.")
     mode: str = Field(description="The backtest mode that matches what is known of this model.")
-    chosen: str | None
+    chosen: str | None = Field(description="The method's pre-registered predictor (null: it cannot answer).")
     reason: str
-    verdict: VerdictLevel = Field(
-        description=f"How far the chosen prediction can be trusted, from its backtest MAPE: at most "
-        f"{RELIABLE_MAPE:.0%} reliable, at most {ROUGH_MAPE:.0%} rough, above that unreliable (measure "
-        "instead); unscored without a record."
+    verdict: VerdictPublic = Field(
+        description="How far the registered predictor's answer can be trusted: " + VERDICT_LEVELS
     )
-    verdict_reason: str = Field(description="The record behind the verdict, and what to do about it.")
     predictors: list[PredictorPublic]
 
 

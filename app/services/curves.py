@@ -68,7 +68,8 @@ def load_curve(
         curve.profile_predictor, curve.profile_predicted = _profile_curve(services, series, level)
     if metric == PPL and selector.source == "measured":
         protocol = (series.seqlen, series.max_windows, series.dtype)
-        simulated = newest_simulation(services, series.model, method, series.dataset, protocol)
+        with services.store.session() as session:
+            simulated = newest_simulation(session, series.model, method, series.dataset, protocol)
         if simulated is not None:
             curve.simulation_job_id = simulated.job_id
             curve.simulated, curve.anchored = simulated.face, simulated.anchored
@@ -91,14 +92,18 @@ def _profile_curve(
         answer = predict_before_pruning(
             session, [series.model], series.method, series.dense.value, grid, level
         )
-    chosen = (
-        None if answer is None else next((a for a in answer.predictors if a.predictor == answer.chosen), None)
-    )
+    chosen = None if answer is None else answer.chosen_answer
     if chosen is None:
         return None, None
     points = [
-        CurvePointPublic(sparsity=s, value=finite(p.value), low=finite(p.band[0]), high=finite(p.band[1]))
-        for s, _, p in chosen.values
+        CurvePointPublic(
+            sparsity=v.sparsity,
+            value=finite(v.prediction.value),
+            low=finite(max(v.prediction.band[0], series.dense.value)),
+            high=finite(v.prediction.band[1]),
+        )
+        for v in chosen.values
+        if v.prediction is not None
     ]
     return chosen.predictor, points
 

@@ -1,8 +1,9 @@
-"""What POST /v1/predictions does: predict each metric at each sparsity from the laws, over the
-store's measured points (or the caller's), or say which `evaluate` job would measure a missing
-dense baseline (and queue it, with `measure_missing`).
+"""What POST /v1/predictions does: one answer per metric and sparsity from the best rung that can
+give it (measured > simulated > profile > law; `app.services.rungs`), with its band and the verdict of
+its own record, every rung beside it; or say which job would measure a missing dense baseline (and
+queue it, with `measure_missing`), and name the jobs that would make a better rung.
 
-Synchronous and pure arithmetic (core.laws) over at most two small indexed reads.
+Synchronous arithmetic over a few indexed reads; records are computed once per state of the store.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from typing import Any
 
 import structlog
 from fastapi import Response
-from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.deps import Services
@@ -20,15 +19,23 @@ from app.problems import ProblemError
 from app.schemas.jobs import JobPublic
 from app.schemas.predictions import (
     CalibrationPublic,
+    EstimatePublic,
     MeasurementQueued,
     MetricPredictionPublic,
+    MissingJobPublic,
     PredictedPublic,
     PredictionCreate,
     PredictionPublic,
 )
-from app.schemas.profiles import BeforePruningPublic
-from app.services.jobs import create_job
-from app.services.profiles import before_pruning_public, predict_before_pruning
+from app.schemas.records import verdict_public
+from app.services import missing_jobs
+from app.services.profiles import (
+    BeforePruning,
+    before_pruning_public,
+    cached_before_pruning,
+    scored_curves,
+)
+from app.services.rungs import Evidence, estimates
 from app.services.series import (
     PPL,
     Selector,
@@ -45,13 +52,14 @@ from app.services.series import (
     strict_law_public,
     strict_value,
 )
+from app.services.simulated import ProtocolKey, newest_simulation, simulation_records
+from app.services.store_state import StoreState, store_state
 from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
 from core.methods import stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
+from core.prediction.rungs import Estimate, best
 from core.profiles import METHOD_FEATURES
-from core.specs import JobCreate
 from core.store import Store
-from core.tables import Job, JobStatus
 
 log = structlog.get_logger(__name__)
 
@@ -60,8 +68,6 @@ STRICT_OFF_FLAG = 0.5
 
 STRICT_NOTE = "on the calibration points the strict law"
 """How core.laws starts its note on the strict law's errors; the response's `strict_law` says it once."""
-
-_job_adapter: TypeAdapter[Any] = TypeAdapter(JobCreate)
 
 
 def create_prediction(body: PredictionCreate, services: Services) -> Response:
@@ -91,35 +97,153 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
         for key, s in series.items()
         if s.metric != PPL and not any(p.value > (s.chance or 0.0) for p in s.pruned)
     }
-    items = [_metric_prediction(series[key], body, priors.get(key)) for key in wanted]
-    for item in items:
-        if item.metric == PPL and body.method in METHOD_FEATURES:
-            item.before_pruning = _before_pruning(store, [model, body.model], body, item.baseline.value)
+    items = []
+    for key in wanted:
+        calibration = _calibration_of(series[key], priors.get(key))
+        item = _metric_prediction(series[key], body, calibration)
+        evidence = _evidence(services, series[key], body, calibration, [model, body.model])
+        _answer(item, evidence, body)
+        if item.metric == PPL:
+            _better_rungs(services, item, evidence, body, {model, body.model})
+        items.append(item)
     answer = PredictionPublic(model=model, method=body.method, level=body.level, metrics=items)
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
+def _evidence(
+    services: Services,
+    series: Series,
+    body: PredictionCreate,
+    calibration: Calibration | None,
+    model_ids: list[str],
+) -> Evidence:
+    """What the rungs of one metric read (`app.services.rungs.Evidence`): accuracy has the measured
+    and law rungs only."""
+    if series.metric != PPL:
+        return Evidence(series, body.level, calibration)
+    assert series.dense is not None
+    if series.source == "store":
+        protocol: ProtocolKey = (series.seqlen, series.max_windows, series.dtype)
+    else:
+        protocol = (body.protocol.seqlen, body.protocol.max_windows, body.protocol.dtype)
+    method, level = series.method, body.level
+    with services.store.session() as session:
+        state = store_state(session)
+        scored = scored_curves(session, method, level, state)
+        records = simulation_records(session, method, level, state)
+        simulation = newest_simulation(
+            session,
+            series.model,
+            method,
+            series.dataset,
+            protocol,
+            any_unset=series.source != "store",
+            state=state,
+        )
+        before = None
+        if method in METHOD_FEATURES:
+            before = _before_pruning(session, state, model_ids, body, series)
+    scores = {(score.predictor, score.mode): score for score in scored.scores}
+    return Evidence(series, level, calibration, scored.curves, scores, simulation, records, before)
+
+
 def _before_pruning(
-    store: Store, model_ids: list[str], body: PredictionCreate, ppl0: float
-) -> BeforePruningPublic | None:
-    """The profile-based predictions (app.services.profiles), when the model has a stored profile.
-    A profile the laws cannot use (say, a dense perplexity they refuse) leaves the rest of the answer
-    standing: logged, and `before_pruning` is null."""
+    session: Session, state: StoreState, model_ids: list[str], body: PredictionCreate, series: Series
+) -> BeforePruning | None:
+    """The profile-based predictions (app.services.profiles), when the model has a stored profile,
+    updated with the series' own pruned points. A profile the laws cannot use (say, a dense
+    perplexity they refuse) leaves the rest of the answer standing: logged, and the rung says so."""
+    assert series.dense is not None
     try:
-        with store.session() as session:
-            answer = predict_before_pruning(
-                session,
-                sorted(set(model_ids)),
-                body.method,
-                ppl0,
-                body.sparsities,
-                body.level,
-                None if body.calibration is None else body.calibration.model_dump(),
-            )
+        return cached_before_pruning(
+            session,
+            state,
+            sorted(set(model_ids)),
+            body.method,
+            series.dense.value,
+            body.sparsities,
+            body.level,
+            None if body.calibration is None else body.calibration.model_dump(),
+            [p.as_tuple for p in series.pruned],
+        )
     except ValueError as error:
         log.warning("no prediction from the profile", model=body.model, reason=str(error))
         return None
-    return None if answer is None else before_pruning_public(answer)
+
+
+def _answer(item: MetricPredictionPublic, evidence: Evidence, body: PredictionCreate) -> None:
+    """Each prediction's answer from its rungs (`core.prediction.rungs.best`), the rest beside it."""
+    if evidence.before is not None:
+        item.before_pruning = before_pruning_public(evidence.before)
+    for predicted in item.predictions:
+        found = estimates(evidence, predicted.sparsity)
+        chosen = best(found, body.rung)
+        predicted.alternatives = [_estimate_public(e) for e in found]
+        if chosen is None:
+            predicted.value, predicted.band, predicted.rung, predicted.predictor = None, None, None, None
+            predicted.flags.append("no_answer")
+            wanted = "no rung" if body.rung == "best" else f"the {body.rung} rung"
+            predicted.notes.append(f"{wanted} can answer here: see `alternatives` for why each cannot")
+        else:
+            predicted.value, predicted.rung, predicted.predictor = (
+                finite(chosen.value),
+                str(chosen.rung),
+                chosen.predictor,
+            )
+            predicted.band = None if chosen.band is None else [finite(b) for b in chosen.band]
+            predicted.verdict = verdict_public(chosen.verdict)
+            predicted.flags.extend(f for f in chosen.flags if f not in predicted.flags)
+        if predicted.strict is not None and predicted.value:
+            predicted.strict_vs_value = finite(predicted.strict / predicted.value - 1.0)
+        else:
+            predicted.strict_vs_value = None
+
+
+def _estimate_public(estimate: Estimate) -> EstimatePublic:
+    return EstimatePublic(
+        rung=str(estimate.rung),
+        value=None if estimate.value is None else finite(estimate.value),
+        band=None if estimate.band is None else [finite(b) for b in estimate.band],
+        predictor=estimate.predictor,
+        source=estimate.source,
+        verdict=verdict_public(estimate.verdict),
+        why_not=estimate.why_not,
+        flags=list(estimate.flags),
+    )
+
+
+def _better_rungs(
+    services: Services,
+    item: MetricPredictionPublic,
+    evidence: Evidence,
+    body: PredictionCreate,
+    model_ids: set[str],
+) -> None:
+    """Name the jobs that would give a better rung (`missing`), and queue them with `measure_missing`."""
+    jobs, why = missing_jobs.better_rungs(
+        body, evidence.series, simulated=evidence.simulation is not None, profiled=evidence.before is not None
+    )
+    item.notes.extend(why)
+    item.missing = [MissingJobPublic(kind=j.kind, gives=j.gives, job=j.body) for j in jobs]
+    if not body.measure_missing or not jobs:
+        return
+    active = missing_jobs.active_jobs(services, _with_canonical(services, model_ids), ("simulate", "profile"))
+    for job in jobs:
+        row, reused = missing_jobs.queue(services, job.body, active)
+        item.queued.append(JobPublic.model_validate(row))
+        log.info(
+            "prediction queued a better rung", model=body.model, job_id=row.id, kind=job.kind, reused=reused
+        )
+
+
+def _with_canonical(services: Services, model_ids: set[str]) -> set[str]:
+    ids = set(model_ids)
+    for model in model_ids:
+        try:
+            ids.add(resolve_model(model, services.settings).model_id)
+        except ModelSourceError:
+            continue
+    return ids
 
 
 def _caller_series(body: PredictionCreate) -> dict[SeriesKey, Series]:
@@ -170,74 +294,45 @@ def _retry_with_canonical_id(
 # ------------------------------------------------------------------------------------ missing baseline
 
 
-def evaluate_job_body(model: str, missing: list[Series]) -> tuple[dict[str, Any] | None, str | None]:
-    """The evaluate job that measures the missing dense baselines, validated like POST /v1/jobs
-    validates it, or None and why not (e.g. this server's evaluate jobs cannot score a task)."""
-    ppl = next((s for s in missing if s.metric == PPL), None)
-    perplexity: dict[str, Any] = {"dataset": "wikitext2", "seqlen": 2048, "max_windows": None}
-    if ppl is not None:
-        perplexity.update(dataset=ppl.dataset, seqlen=ppl.seqlen or 2048, max_windows=ppl.max_windows)
-    body: dict[str, Any] = {"kind": "evaluate", "model": model, "perplexity": perplexity}
-    if ppl is not None and ppl.dtype is not None:
-        body["dtype"] = ppl.dtype  # else "auto" could measure another dtype than the one asked for
-    tasks = sorted({str(s.task) for s in missing if s.metric != PPL})
-    if tasks:
-        body["accuracy"] = {"tasks": tasks}
-    try:
-        job = _job_adapter.validate_python(body)
-    except ValidationError:
-        return None, (
-            f"this server's evaluate jobs cannot measure accuracy on {', '.join(tasks)} yet: send the "
-            "dense and pruned values you measured in `points`"
-        )
-    dumped: dict[str, Any] = job.model_dump(mode="json")
-    return dumped, None
-
-
-def _active_evaluate_jobs(session: Session, model_ids: set[str]) -> list[Job]:
-    query = (
-        select(Job)
-        .where(
-            Job.kind == "evaluate",
-            Job.model_id.in_(model_ids),
-            Job.status.in_((JobStatus.queued.value, JobStatus.running.value)),
-        )
-        .order_by(Job.id.desc())
-        .limit(10)
-    )
-    return list(session.scalars(query))
+def _baseline_job(body: PredictionCreate, missing: list[Series]) -> tuple[dict[str, Any] | None, str | None]:
+    """The one job that measures the missing baselines: a `simulate` job when only perplexity is
+    missing and the method has a simulation (it measures the baseline and gives the simulated rung),
+    else an `evaluate` job."""
+    if all(s.metric == PPL for s in missing) and missing_jobs.simulates(body.method):
+        job, why_not = missing_jobs.simulate_job(body, missing[0])
+        if job is not None:
+            return job, None
+        log.info("no simulate job for the baseline", model=body.model, reason=why_not)
+    return missing_jobs.evaluate_job(body.model, missing)
 
 
 def _missing_baseline(services: Services, body: PredictionCreate, missing: list[Series]) -> Response:
-    job_body, why_not = evaluate_job_body(body.model, missing)
+    job_body, why_not = _baseline_job(body, missing)
     model_problem = None
     model_ids = {body.model}
     try:
         model_ids.add(resolve_model(body.model, services.settings).model_id)
     except ModelSourceError as error:
         model_problem = str(error)
-    with services.store.session() as session:
-        active = _active_evaluate_jobs(session, model_ids)
+    active = missing_jobs.active_jobs(services, model_ids, ("evaluate", "simulate"))
     what = "; ".join(
         f"{s.metric} ({s.selection})" if s.metric == PPL else f"{s.metric} of task {s.task}" for s in missing
     )
+    kind = None if job_body is None else job_body["kind"]
     if body.measure_missing and job_body is not None:
-        same = next((job for job in active if job.request == job_body), None)
-        if same is None:
-            row, _ = create_job(services, _job_adapter.validate_python(job_body))
-        else:
-            row = same
+        row, reused = missing_jobs.queue(services, job_body, active)
         public = JobPublic.model_validate(row)
         queued = MeasurementQueued(
-            detail=f"no dense baseline for {what}: job {row.id} measures it"
-            + (" (already queued or running)" if same is not None else ""),
+            detail=f"no dense baseline for {what}: {kind} job {row.id} measures it"
+            + (" (already queued or running)" if reused else "")
+            + (" and simulates the curve" if kind == "simulate" else ""),
             job=public,
             retry={
                 "wait": public.links.wait,
                 "then": "POST /v1/predictions with the same body",
             },
         )
-        log.info("prediction waits for a baseline", model=body.model, job_id=row.id, reused=same is not None)
+        log.info("prediction waits for a baseline", model=body.model, job_id=row.id, kind=kind, reused=reused)
         return Response(
             queued.model_dump_json(),
             status_code=202,
@@ -245,7 +340,7 @@ def _missing_baseline(services: Services, body: PredictionCreate, missing: list[
             headers={"Location": f"/v1/jobs/{row.id}"},
         )
     if job_body is not None:
-        fix = "submit `evaluate_job` (POST /v1/jobs), or repeat this request with `measure_missing: true`"
+        fix = f"submit `job` ({kind}; POST /v1/jobs), or repeat this request with `measure_missing: true`"
         if model_problem:
             fix += f"; note that this server cannot load the model: {model_problem}"
     else:
@@ -261,10 +356,11 @@ def _missing_baseline(services: Services, body: PredictionCreate, missing: list[
         missing=[
             {"metric": s.metric, "task": s.task, "protocol": s.protocol().model_dump()} for s in missing
         ],
-        evaluate_job=job_body,
+        job=job_body,
         active_jobs=[
             {
                 "id": job.id,
+                "kind": job.kind,
                 "status": job.status,
                 "request": job.request,
                 "href": f"/v1/jobs/{job.id}",
@@ -278,12 +374,11 @@ def _missing_baseline(services: Services, body: PredictionCreate, missing: list[
 # ------------------------------------------------------------------------------------------- answers
 
 
-def _metric_prediction(
-    series: Series, body: PredictionCreate, prior: PriorSlope | None
-) -> MetricPredictionPublic:
-    assert series.dense is not None
+def _calibration_of(series: Series, prior: PriorSlope | None) -> Calibration | None:
+    """The calibrated law of the series (None: no pruned point); 422 (your points) or 409 (the
+    store's) when the points cannot be fitted."""
     try:
-        calibration = calibrate(series, prior)
+        return calibrate(series, prior)
     except SeriesError as error:
         status, source = (422, "your points") if series.source == "caller" else (409, "the stored points")
         raise ProblemError(
@@ -292,6 +387,12 @@ def _metric_prediction(
             slug="unfittable-points",
             title="Points cannot be fitted",
         ) from error
+
+
+def _metric_prediction(
+    series: Series, body: PredictionCreate, calibration: Calibration | None
+) -> MetricPredictionPublic:
+    assert series.dense is not None
     predictions = [_predicted(series, calibration, s, body.level) for s in body.sparsities]
     strict_law = strict_law_public(series)
     flags: list[str] = []

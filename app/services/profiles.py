@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.schemas.profiles import (
@@ -36,30 +34,33 @@ from app.schemas.profiles import (
     ProfilePublic,
     SignalPublic,
 )
+from app.schemas.records import summary_public, verdict_public
 from app.services.series import finite
+from app.services.store_state import StateCache, StoreState, store_state
 from core import feature_laws
 from core.backtests import (
     CROSS_METHOD,
-    FACE_VALUE,
     ONE_POINT,
     ZERO_CURVE,
     ZERO_MODEL,
     Curve,
     FeatureLaw,
+    LawFit,
     Score,
-    Verdict,
     backtest,
     cross_method_prior,
+    feature_predictor,
     law_coefficient,
     law_prior,
-    verdict,
 )
 from core.model_sources import ModelSourceError, resolve_model
 from core.param_count import sliced_width
+from core.prediction import records
+from core.prediction.records import Verdict, verdict
+from core.prediction.registry import PROFILE_PREDICTORS
 from core.profiles import (
     CALIBRATION_KEYS,
     METHOD_FEATURES,
-    UNCALIBRATED_FEATURE,
     LensMeans,
     LinearErrors,
     SignalSpectrum,
@@ -72,9 +73,6 @@ from core.settings import Settings
 from core.tables import Fit, Profile
 
 CalibrationKey = tuple[Any, ...]
-
-MIN_BACKTEST_POINTS = 3
-"""A predictor is chosen by its backtest only when it was scored on at least this many points."""
 
 
 def calibration_key(calibration: dict[str, Any] | None) -> CalibrationKey:
@@ -258,10 +256,9 @@ def _profile_for(
 
 
 BACKTEST_CACHE_SIZE = 32
-"""(store, method, level) entries of `scored_curves` kept per process."""
+"""(store state, method, level) entries of `scored_curves` kept per process."""
 
-_scored: OrderedDict[tuple[Any, ...], ScoredCurves] = OrderedDict()
-_scored_lock = threading.Lock()
+_scored = StateCache(BACKTEST_CACHE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -274,33 +271,19 @@ class ScoredCurves:
     scores: list[Score]
 
 
-def scored_curves(session: Session, method: str, level: float) -> ScoredCurves:
+def scored_curves(
+    session: Session, method: str, level: float, state: StoreState | None = None
+) -> ScoredCurves:
     """`store_curves` of the method and its siblings and their `backtest`, computed once per state of
-    the store: rows of fits and profiles are only ever inserted or deleted, so their count, largest
-    id and newest creation time change whenever what the backtests read changes (a reused id comes
-    with a newer time)."""
-    siblings = sibling_methods(method)
-    fits = session.execute(
-        select(func.count(Fit.id), func.max(Fit.id), func.max(Fit.created_at)).where(
-            Fit.method.in_((method, *siblings)), Fit.metric == "ppl"
-        )
-    ).one()
-    profiles = session.execute(
-        select(func.count(Profile.id), func.max(Profile.id), func.max(Profile.created_at))
-    ).one()
-    key = (str(session.get_bind().engine.url), method, level, tuple(fits), tuple(profiles))
-    with _scored_lock:
-        if key in _scored:
-            _scored.move_to_end(key)
-            return _scored[key]
-    curves = store_curves(session, method)
-    others = [curve for sibling in siblings for curve in store_curves(session, sibling)]
-    answer = ScoredCurves(curves, others, backtest(curves, siblings=others, level=level))
-    with _scored_lock:
-        _scored[key] = answer
-        while len(_scored) > BACKTEST_CACHE_SIZE:
-            _scored.popitem(last=False)
-    return answer
+    the store (`app.services.store_state`)."""
+    state = store_state(session) if state is None else state
+
+    def compute() -> ScoredCurves:
+        curves = store_curves(session, method)
+        others = [curve for sibling in sibling_methods(method) for curve in store_curves(session, sibling)]
+        return ScoredCurves(curves, others, backtest(curves, siblings=others, level=level))
+
+    return _scored.get((state, method, level), compute)
 
 
 def _features_at(
@@ -323,6 +306,16 @@ def _features_at(
 
 
 @dataclass(frozen=True)
+class ProfileValue:
+    """A feature law's answer at one sparsity, or why the profile cannot give it there."""
+
+    sparsity: float
+    feature: float | None  # F^beta
+    prediction: feature_laws.FeaturePrediction | None
+    why_not: str | None = None
+
+
+@dataclass(frozen=True)
 class PredictorAnswer:
     """One feature law's predictions for a model, with its coefficient and backtest record."""
 
@@ -333,7 +326,7 @@ class PredictorAnswer:
     exponent: feature_laws.Exponent  # beta of c F^beta, with its spread
     coefficient: feature_laws.Coefficient
     backtest: Score | None
-    values: list[tuple[float, float, feature_laws.FeaturePrediction]]  # (sparsity, F^beta, prediction)
+    values: list[ProfileValue]
 
 
 @dataclass(frozen=True)
@@ -346,6 +339,11 @@ class BeforePruning:
     chosen: str | None
     reason: str
     verdict: Verdict  # how far the chosen answer can be trusted, from its backtest record
+    level: float = 0.95
+
+    @property
+    def chosen_answer(self) -> PredictorAnswer | None:
+        return next((a for a in self.predictors if a.predictor == self.chosen), None)
 
 
 def predict_before_pruning(
@@ -356,16 +354,16 @@ def predict_before_pruning(
     sparsities: Sequence[float],
     level: float,
     calibration: dict[str, Any] | None = None,
+    points: Sequence[tuple[float, float]] = (),
+    state: StoreState | None = None,
 ) -> BeforePruning | None:
     """The feature laws' predictions for the newest profile of the model that predicts `method` and
     whose calibration record matches every non-null field of `calibration` (None without one): each
     coefficient pooled from the store's other curves (other models, and this model under other
-    calibrations), updated with this model's own points under the profile's calibration. The
-    predictor with the lowest backtest MAPE in the mode that matches what is known is chosen: one
-    point when the model has points under this calibration (conservative: all of them are used),
-    leave-one-curve-out when it has curves under other calibrations only, other methods of the model
-    when it has curves of sibling methods only (the two-way prior of `core.cross_method`), else
-    leave-one-model-out."""
+    calibrations), updated with this model's own points: its stored curve under the profile's
+    calibration, else `points` (the caller's, or the prune jobs' of the asked protocol). The method's
+    pre-registered predictor (`core.prediction.registry`) is the answer, judged on its record in the
+    mode that matches what is known (`_known_mode`); the others stay visible beside it."""
     wanted = {key: value for key, value in (calibration or {}).items() if value is not None}
     profiles = [
         p
@@ -376,14 +374,16 @@ def predict_before_pruning(
         return None
     profile = max(profiles, key=lambda p: p.row.id)
     entry = METHOD_FEATURES[method]
-    scored = scored_curves(session, method, level)
+    scored = scored_curves(session, method, level, state)
     model = profile.row.model_id
     own_key = calibration_key(profile.calibration)
     own_curves = [c for c in scored.curves if c.model == model and matches_profile(c.calibration, own_key)]
-    own_curve = own_curves[0] if own_curves else None
+    own_curve = own_curves[0] if own_curves else _points_curve(profile, method, ppl0, points)
     others = [c for c in scored.curves if c not in own_curves]
     scores = {(s.predictor, s.mode): s for s in scored.scores}
-    mode, declined = _known_mode(model, own_curve, others, scored.siblings, scores)
+    registered = PROFILE_PREDICTORS.get(method)
+    predictor = None if registered is None else feature_predictor(registered.feature)
+    mode = _known_mode(model, own_curve, others, scored.siblings, scores, predictor)
     answers = []
     for law in (FeatureLaw(name, power) for name in entry.names for power in (False, True)):
         fit = law_prior(law, others)
@@ -399,14 +399,9 @@ def predict_before_pruning(
         coefficient = law_coefficient(fit, own, f"fitted on this curve's {len(own)} point(s)")
         if coefficient is None:
             continue
-        values = []
-        try:
-            for s in sparsities:
-                f = profile.feature(method, law.feature, s) if s > 0 else 0.0
-                prediction = feature_laws.predict(ppl0, f, coefficient, level, fit.exponent, anchor)
-                values.append((s, f**fit.exponent.value, prediction))
-        except ValueError:
-            continue  # a lens width outside the profiled range
+        values = _profile_values(profile, method, law, fit, coefficient, anchor, ppl0, sparsities, level)
+        if all(v.prediction is None for v in values) and sparsities:
+            continue  # the profile cannot give this feature at all (e.g. no lens readings)
         answers.append(
             PredictorAnswer(
                 law.predictor,
@@ -419,47 +414,93 @@ def predict_before_pruning(
                 values,
             )
         )
-    chosen, reason, record = _choose(answers, scores, mode)
-    reason += declined
+    chosen, reason, record = _registered(answers, scores, mode, method, profile)
     if not answers:
         reason = (
             f"no measured {method} curve of a profiled model in the store to learn the laws' coefficients "
             f"from: sweep {method} on a model and profile it under the sweep's calibration"
         )
     own_points = 0 if own_curve is None else len(own_curve.points)
-    trust = verdict(record, MIN_BACKTEST_POINTS)
-    return BeforePruning(profile, method, own_points, mode, answers, chosen, reason, trust)
+    if chosen is not None and mode in CHOSEN_MODES and _both_possible(model, others, scored.siblings):
+        record = nested_choice_score(scores, chosen, level)
+    trust = verdict(None if record is None else record.summary, new_model=mode in NEW_MODEL_MODES)
+    return BeforePruning(profile, method, own_points, mode, answers, chosen, reason, trust, level)
 
 
-def _best_mape(scores: dict[tuple[str, str], Score], mode: str) -> float | None:
-    """The lowest MAPE of any predictor scored on enough points in `mode`."""
-    mapes = [
-        score.mape
-        for (_, scored_mode), score in scores.items()
-        if scored_mode == mode and score.n >= MIN_BACKTEST_POINTS and score.mape is not None
-    ]
-    return min(mapes, default=None)
+def _points_curve(
+    profile: StoredProfile, method: str, ppl0: float, points: Sequence[tuple[float, float]]
+) -> Curve | None:
+    """The model's own points of the asked protocol (the caller's, or its prune jobs') as a curve
+    the profile's features are read at; None without points."""
+    if not points:
+        return None
+    model = profile.row.model_id
+    label = f"{model} / {method} / the asked protocol's points"
+    features = _features_at(profile, method, [s for s, _ in points])
+    calibration = calibration_key(profile.calibration)
+    return Curve(label, model, method, ppl0, tuple(sorted(points)), features, calibration)
 
 
-def _carrying_over_pays(scores: dict[tuple[str, str], Score]) -> bool:
-    """False when the per-method pooling (leave-one-model-out) has a backtest record and the
-    cross-method prior has none or a worse one: the shared model effect is an assumption the store's
-    curves can contradict, as magnitude's did for SparseGPT (docs/science.md, "Pooling across
-    methods"). With neither scored, the prior that uses more of what is known answers."""
-    cross, pooled = _best_mape(scores, CROSS_METHOD), _best_mape(scores, ZERO_MODEL)
-    return pooled is None or (cross is not None and cross < pooled)
+PROFILE_ANSWER_CACHE_SIZE = 256
+_answers = StateCache(PROFILE_ANSWER_CACHE_SIZE)
 
 
-def _best_record(scores: dict[tuple[str, str], Score]) -> str:
-    cross, pooled = _best_mape(scores, CROSS_METHOD), _best_mape(scores, ZERO_MODEL)
-    shown = [
-        f"{name} {value:.1%}"
-        for name, value in (("carried over", cross), ("pooled", pooled))
-        if value is not None
-    ]
-    return (
-        "best MAPE " + ", ".join(shown) + ("" if cross is not None else "; carrying over is not scored yet")
+def cached_before_pruning(
+    session: Session,
+    state: StoreState,
+    model_ids: Sequence[str],
+    method: str,
+    ppl0: float,
+    sparsities: Sequence[float],
+    level: float,
+    calibration: dict[str, Any] | None,
+    points: Sequence[tuple[float, float]],
+) -> BeforePruning | None:
+    """`predict_before_pruning`, once per state of the store and question: the profile's rows are
+    the heaviest read a prediction makes."""
+    wanted = tuple(sorted((key, value) for key, value in (calibration or {}).items() if value is not None))
+    key = (state, tuple(model_ids), method, ppl0, tuple(sparsities), level, wanted, tuple(points))
+    return _answers.get(
+        key,
+        lambda: predict_before_pruning(
+            session, model_ids, method, ppl0, sparsities, level, calibration, points, state
+        ),
     )
+
+
+def _profile_values(
+    profile: StoredProfile,
+    method: str,
+    law: FeatureLaw,
+    fit: LawFit,
+    coefficient: feature_laws.Coefficient,
+    anchor: float,
+    ppl0: float,
+    sparsities: Sequence[float],
+    level: float,
+) -> list[ProfileValue]:
+    """One law's answer at each sparsity, or why the profile cannot give it there."""
+    values = []
+    for s in sparsities:
+        try:
+            f = profile.feature(method, law.feature, s) if s > 0 else 0.0
+        except ValueError as error:  # a width or sparsity outside the profiled range
+            values.append(ProfileValue(s, None, None, str(error)))
+            continue
+        prediction = feature_laws.predict(ppl0, f, coefficient, level, fit.exponent, anchor)
+        values.append(ProfileValue(s, f**fit.exponent.value, prediction))
+    return values
+
+
+NEW_MODEL_MODES = (ZERO_MODEL, CROSS_METHOD)
+
+
+def _both_possible(model: str, others: Sequence[Curve], siblings: Sequence[Curve]) -> bool:
+    """Whether carrying over and pooling could both answer for a model with no curve of the method."""
+    return any(c.model != model for c in others) and any(c.model == model for c in siblings)
+
+
+"""The modes of a model with no curve of the method: judged only on records over other models."""
 
 
 def _known_mode(
@@ -468,68 +509,71 @@ def _known_mode(
     others: Sequence[Curve],
     siblings: Sequence[Curve],
     scores: dict[tuple[str, str], Score],
-) -> tuple[str, str]:
-    """The backtest mode that matches what the store knows of the model (points of its own under
-    the profile's calibration, curves of the method under other calibrations, curves of sibling
-    methods only, or nothing), and why the sibling methods were not used where they are not."""
+    predictor: str | None,
+) -> str:
+    """The backtest mode that matches what the store knows of the model: points of its own under the
+    profile's calibration, curves of the method under other calibrations, curves of sibling methods
+    (carried over by `core.cross_method`), or none (pooled over other models). Where both carrying
+    over and pooling can answer, the one whose record for `predictor` is better answers (carrying
+    over, which uses more of what is known, while neither is scored): the model has no curve of the
+    method, so these records never saw it; the verdict then reads the nested record of that choice
+    (`NESTED_MODE`), never the record that made it."""
     if own_curve is not None:
-        return ONE_POINT, ""
+        return ONE_POINT
     if any(c.model == model for c in others):
-        return ZERO_CURVE, ""
+        return ZERO_CURVE
     if not any(c.model == model for c in siblings):
-        return ZERO_MODEL, ""
-    if _carrying_over_pays(scores):
-        return CROSS_METHOD, ""
-    return ZERO_MODEL, (
-        "; the model has curves of other methods, but carrying its sensitivity over from them has no "
-        f"better backtest record than pooling over other models ({_best_record(scores)})"
-    )
+        return ZERO_MODEL
+    if not any(c.model != model for c in others) or predictor is None:
+        return CROSS_METHOD
+    candidates = {
+        mode: scores[(predictor, mode)].points for mode in CHOSEN_MODES if (predictor, mode) in scores
+    }
+    return (
+        records.choose(candidates, exclude_model=model) or CROSS_METHOD
+    )  # unscored: use more of what is known
 
 
-FALLBACK_MODES = {ZERO_MODEL: (ZERO_CURVE,), CROSS_METHOD: (ZERO_MODEL, ZERO_CURVE)}
-"""Where the choice looks when its own mode has no backtest yet: a store holding curves of one model
-cannot score leave-one-model-out, but its other calibrations are held-out curves all the same; a
-cross-method prior with too few scored pairs is chosen by the zero-point records."""
+CHOSEN_MODES = (CROSS_METHOD, ZERO_MODEL)
+NESTED_MODE = "zero-points, carried over or pooled, chosen nested"
 
 
-def _choose(
-    answers: list[PredictorAnswer], scores: dict[tuple[str, str], Score], mode: str
+def nested_choice_score(scores: dict[tuple[str, str], Score], predictor: str, level: float) -> Score:
+    """The record of `_known_mode`'s choice between carrying over and pooling for `predictor`."""
+    candidates = {
+        mode: scores[(predictor, mode)].points for mode in CHOSEN_MODES if (predictor, mode) in scores
+    }
+    return Score(predictor, NESTED_MODE, level, tuple(records.nested(candidates)))
+
+
+def _registered(
+    answers: list[PredictorAnswer],
+    scores: dict[tuple[str, str], Score],
+    mode: str,
+    method: str,
+    profile: StoredProfile,
 ) -> tuple[str | None, str, Score | None]:
-    """The answer with the lowest backtest MAPE in `mode` (or its fallback), why, and the record it
-    was chosen by (None: chosen without one)."""
-    for looked in (mode, *FALLBACK_MODES.get(mode, ())):
-        scored = [
-            (score, a)
-            for a in answers
-            if (score := scores.get((a.predictor, looked))) is not None
-            and score.n >= MIN_BACKTEST_POINTS
-            and score.mape is not None
-        ]
-        if scored:
-            score, best = min(scored, key=lambda pair: pair[0].mape if pair[0].mape is not None else math.inf)
-            assert score.mape is not None
-            fallback = "" if looked == mode else f" (no predictor is scored in mode '{mode}' yet)"
-            curves = len({p.curve for p in score.points})
-            reason = (
-                f"lowest backtest error in mode '{looked}'{fallback}: MAPE {score.mape:.1%}, max "
-                f"{score.max_ape:.1%}, over {score.n} held-out points of {curves} curve(s), of "
-                f"{len(scored)} predictor(s) scored there"
-            )
-            return best.predictor, reason, score
-    face = next((a for a in answers if a.feature == UNCALIBRATED_FEATURE and not a.power), None)
-    if face is not None:
-        face_score = scores.get((FACE_VALUE, ZERO_CURVE))
-        reason = (
-            "no predictor has a backtest in this mode yet (too few measured curves with profiles): the "
-            "summed lens KL is taken as the NLL increase"
-            + (
-                ""
-                if face_score is None or face_score.mape is None
-                else f" (its face-value MAPE: {face_score.mape:.1%})"
-            )
+    """The method's pre-registered predictor (`core.prediction.registry`), why, and its record in
+    `mode` (None: not scored there). Never the best of several on the points that judge it."""
+    registered = PROFILE_PREDICTORS.get(method)
+    if registered is None:
+        return None, f"no profile predictor is registered for {method}", None
+    name = feature_predictor(registered.feature)
+    answer = next((a for a in answers if a.predictor == name), None)
+    if answer is None:
+        missing = (
+            "the profile has no lens readings (it was made with lens_tokens 0): profile again with them"
+            if registered.feature.startswith("lens") and METHOD_FEATURES[method].rule is None
+            else f"the profile cannot give {registered.feature} at every asked sparsity (outside its "
+            f"profiled range {profile.row.sparsities})"
         )
-        return face.predictor, reason, face_score
-    return None, "no predictor can answer from this profile", None
+        return None, f"the registered predictor ({name}) cannot answer: {missing}", None
+    source = answer.coefficient.source
+    return (
+        name,
+        f"pre-registered for {method}: {registered.reason}; its coefficient: {source}",
+        scores.get((name, mode)),
+    )
 
 
 # ------------------------------------------------------------------------------------- public
@@ -589,6 +633,7 @@ def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
         level=score.level,
         n=score.n,
         curves=len({p.curve for p in score.points}),
+        record=summary_public(score.summary),
         mape=finite(score.mape),
         max_ape=finite(score.max_ape),
         coverage=score.coverage,
@@ -643,8 +688,7 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
         mode=answer.mode,
         chosen=answer.chosen,
         reason=answer.reason,
-        verdict=answer.verdict.level,
-        verdict_reason=answer.verdict.advice,
+        verdict=verdict_public(answer.verdict),
         predictors=[
             PredictorPublic(
                 predictor=a.predictor,
@@ -657,14 +701,17 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
                 backtest=None if a.backtest is None else score_public(a.backtest),
                 predictions=[
                     FeaturePredictedPublic(
-                        sparsity=s,
-                        width=profile.width(s) if METHOD_FEATURES[answer.method].rule is None else None,
-                        feature=f,
-                        value=p.value,
-                        band=list(p.band),
-                        level=p.level,
+                        sparsity=v.sparsity,
+                        width=profile.width(v.sparsity)
+                        if METHOD_FEATURES[answer.method].rule is None
+                        else None,
+                        feature=v.feature,
+                        value=None if v.prediction is None else v.prediction.value,
+                        band=None if v.prediction is None else list(v.prediction.band),
+                        level=answer.level,
+                        why_not=v.why_not,
                     )
-                    for s, f, p in a.values
+                    for v in a.values
                 ],
             )
             for a in answer.predictors

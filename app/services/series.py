@@ -598,7 +598,15 @@ def build_curve(series: Series, calibration: Calibration | None, level: float) -
     calibrated = None
     if calibration is not None:
         calibrated = []
+        # A law not anchored at the dense point (the affine one) would draw its own intercept at
+        # s = 0, contradicting the baseline it was fitted with: it is drawn from its first point.
+        start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
+        if start > 0.0:
+            flags.add("drawn_from_first_point")
         for s in CURVE_GRID:
+            if s < start - 1e-12:
+                calibrated.append(CurvePointPublic(sparsity=s, value=None))
+                continue
             p = _law_at(calibration, s, level)
             low, high = p.band if p is not None and p.band else (None, None)
             point = CurvePointPublic(
@@ -617,6 +625,11 @@ def build_curve(series: Series, calibration: Calibration | None, level: float) -
         notes.append("null values: the law has no finite value (or band edge) there; JSON has no infinity")
     if calibration is None:
         notes.append("no measured pruned point: only the strict law is drawn")
+    if "drawn_from_first_point" in flags:
+        notes.append(
+            "the calibrated law is not anchored at the dense point (its intercept is free), so it is "
+            "drawn from its smallest fitted sparsity on, never through a dense value it contradicts"
+        )
     return CurvePublic(
         model=series.model,
         method=series.method,

@@ -247,7 +247,7 @@ def test_missing_accuracy_baseline_names_an_evaluate_job_that_validates(
         "metrics": [{"metric": "acc", "task": "piqa"}],
     }
     problem = assert_problem(api.post("/v1/predictions", json=body), 409)
-    job = problem["evaluate_job"]
+    job = problem["job"]
     assert job["accuracy"]["tasks"] == ["piqa"]
     submitted = api.post("/v1/jobs", json=job)
     assert submitted.status_code == 202, submitted.text

@@ -38,11 +38,17 @@ def test_predict_gate_exits_1_when_predicted_ppl_exceeds_the_threshold_and_0_oth
 ) -> None:
     code, out, err = predict(capsys, server, "--sparsity", "0.25", "--max-ppl", "30")
     assert code == EXIT_GATE_FAILED, out + err
-    assert "gate failed: ppl at s = 0.25 (calibrated law" in err and "(max 30)" in err
-    assert "affine" in out or "alpha" in out  # the table
+    assert "gate failed: ppl at s = 0.25 (law, " in err and "(max 30)" in err
+    assert "law" in out and "measured" in out  # the table names the rungs
     code, out, err = predict(capsys, server, "--sparsity", "0.1", "--sparsity", "0.25", "--max-ppl", "45")
     assert code == EXIT_OK, out + err
+    assert "gate ok: ppl at s = 0.1 (measured, measured) is 29.33" in out
     assert out.count("gate ok: ppl at s = ") == 2
+    # the band's far end can be gated on instead; the strict law only by name
+    code, out, err = predict(capsys, server, "--sparsity", "0.25", "--max-ppl", "39.5", "--band")
+    assert code == EXIT_GATE_FAILED, out + err
+    code, out, err = predict(capsys, server, "--sparsity", "0.25", "--max-ppl", "45", "--rung", "strict")
+    assert code == EXIT_GATE_FAILED and "(strict, " in err, out + err
 
 
 def test_predict_json_carries_the_answer_and_the_gate(
@@ -59,7 +65,7 @@ def test_predict_with_an_unknown_baseline_or_bad_flags_exits_3(
 ) -> None:
     code = main(["predict", "--model", "nobody/never", "--sparsity", "0.2", "--server", server])
     problem = json.loads(capsys.readouterr().out)
-    assert code == EXIT_USAGE and problem["status"] == 409 and problem["evaluate_job"]["kind"] == "evaluate"
+    assert code == EXIT_USAGE and problem["status"] == 409 and problem["job"]["kind"] == "simulate"
     code, _, err = predict(capsys, server, "--sparsity", "0.2", "--metric", "acc")
     assert code == EXIT_USAGE and "--task" in err
     code, out, _ = predict(capsys, server, "--sparsity", "1.5")

@@ -87,16 +87,24 @@ def test_a_method_other_than_slicing_is_flagged_where_the_strict_law_does_not_ap
     assert "strict_law_not_for_method" not in sliced["flags"]
 
 
-def test_dense_only_store_uses_the_strict_law_flagged_uncalibrated(
+def test_a_dense_only_store_has_no_answer_but_names_the_job_that_would_give_one(
     api: TestClient, clean_store: Store
 ) -> None:
+    """The strict law is shown, never the answer: nothing earned it. The simulate job is named."""
     add_series(clean_store, OPT, OPT_125M_DENSE, [])
     ppl = predict(api, model=OPT, sparsities=[0.25])["metrics"][0]
     (p,) = ppl["predictions"]
-    assert p["law"] == "strict" and p["value"] == pytest.approx(83.57, abs=0.01)
-    assert p["band"] is None and "uncalibrated" in p["flags"]
+    assert p["value"] is None and p["rung"] is None and "no_answer" in p["flags"]
+    rungs = {a["rung"]: a for a in p["alternatives"]}
+    assert list(rungs) == ["measured", "simulated", "profile", "law", "strict"]
+    assert rungs["strict"]["value"] == pytest.approx(83.57, abs=0.01) and rungs["strict"]["band"] is None
+    assert "simulate" in rungs["simulated"]["why_not"] and "profile" in rungs["profile"]["why_not"]
     assert ppl["calibration"] is None and "strict_only" in ppl["flags"]
     assert "cannot be checked" in ppl["strict_law"]["verdict"]
+    (missing,) = ppl["missing"]
+    assert missing["kind"] == "simulate" and missing["job"]["sparsities"] == [0.25]
+    asked = predict(api, model=OPT, sparsities=[0.25], rung="strict")["metrics"][0]["predictions"][0]
+    assert asked["rung"] == "strict" and asked["value"] == pytest.approx(83.57, abs=0.01)
 
 
 def test_protocol_is_the_exact_match_when_given_else_the_one_with_most_points(
@@ -121,15 +129,15 @@ def test_newest_result_per_sparsity_is_used(api: TestClient, clean_store: Store)
     assert [p["result_id"] for p in ppl["fitted_on"]] == newer
 
 
-def test_unknown_baseline_is_409_naming_the_evaluate_job_and_active_jobs(
+def test_unknown_baseline_is_409_naming_the_simulate_job_and_active_jobs(
     api: TestClient, tiny_model_dir: Path
 ) -> None:
     model = str(tiny_model_dir.resolve())
     body = {"model": model, "sparsities": [0.2], "protocol": {"seqlen": 64, "max_windows": 2}}
     problem = assert_problem(api.post("/v1/predictions", json=body), 409)
     assert problem["type"].endswith("/baseline-missing") and "measure_missing" in problem["detail"]
-    job = problem["evaluate_job"]
-    assert job["kind"] == "evaluate" and job["model"] == model
+    job = problem["job"]  # slicing has a simulation: one job measures the baseline and the curve
+    assert job["kind"] == "simulate" and job["model"] == model and job["sparsities"] == [0.2]
     assert job["perplexity"]["seqlen"] == 64 and job["perplexity"]["max_windows"] == 2
     assert problem["active_jobs"] == []
     submitted = api.post("/v1/jobs", json=job)
@@ -143,11 +151,14 @@ def test_the_evaluate_job_for_a_missing_baseline_measures_in_the_dtype_asked_for
 ) -> None:
     # Without it the job would run with dtype "auto" and never store the baseline asked for.
     body = {"model": str(tiny_model_dir.resolve()), "sparsities": [0.2], "protocol": {"dtype": "float16"}}
-    job = assert_problem(api.post("/v1/predictions", json=body), 409)["evaluate_job"]
+    job = assert_problem(api.post("/v1/predictions", json=body), 409)["job"]
     assert job["dtype"] == "float16"
+    dropped = {**body, "method": "shortgpt"}  # no simulation: an evaluate job measures the baseline
+    job = assert_problem(api.post("/v1/predictions", json=dropped), 409)["job"]
+    assert job["kind"] == "evaluate" and job["dtype"] == "float16"
 
 
-def test_measure_missing_queues_the_evaluate_job_once_and_answers_202(
+def test_measure_missing_queues_the_simulate_job_once_and_answers_202(
     api: TestClient, tiny_model_dir: Path
 ) -> None:
     body = {
@@ -161,13 +172,13 @@ def test_measure_missing_queues_the_evaluate_job_once_and_answers_202(
     queued = response.json()
     job = queued["job"]
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
-    assert job["kind"] == "evaluate" and job["status"] == "queued"
+    assert job["kind"] == "simulate" and job["status"] == "queued"
     assert job["request"]["perplexity"]["max_windows"] == 2
     assert queued["retry"]["wait"] == f"/v1/jobs/{job['id']}/wait"
     assert api.get(f"/v1/jobs/{job['id']}").json()["status"] == "queued"
     repeat = api.post("/v1/predictions", json=body)
     assert repeat.status_code == 202 and repeat.json()["job"]["id"] == job["id"]
-    assert len(api.get("/v1/jobs", params={"kind": "evaluate"}).json()["items"]) == 1
+    assert len(api.get("/v1/jobs", params={"kind": "simulate"}).json()["items"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -217,9 +228,9 @@ def test_unusable_points_are_422(api: TestClient, points: list[Any], fragment: s
 
 
 def test_diverging_laws_answer_null_with_a_flag_not_an_error(api: TestClient) -> None:
-    answer = predict(api, model=OPT, sparsities=[0.5, 0.999], points=caller_points(1e6, {}))
+    answer = predict(api, model=OPT, sparsities=[0.5, 0.999], points=caller_points(1e6, {}), rung="strict")
     p_half, p_edge = answer["metrics"][0]["predictions"]
-    assert p_half["value"] == pytest.approx(1e12, rel=1e-9)
+    assert p_half["value"] == pytest.approx(1e12, rel=1e-9) and p_half["rung"] == "strict"
     assert p_edge["value"] is None and "non_finite" in p_edge["flags"]
     steep = predict(api, model=OPT, sparsities=[0.9], points=caller_points(20.0, {0.1: 200.0, 0.2: 5000.0}))
     (p,) = steep["metrics"][0]["predictions"]

@@ -79,7 +79,8 @@ def test_a_profile_predicts_before_pruning_and_its_predictors_are_backtested_onc
     before = predict(api, model, [0.25])["before_pruning"]
     assert before["own_points"] == 0 and before["profile_job_id"] == profile_job["id"]
     assert before["chosen"] == "feature law: lens-kl-sum"
-    assert "summed lens KL is taken as the NLL increase" in before["reason"]
+    assert before["reason"].startswith("pre-registered for slicegpt") and "face value" in before["reason"]
+    assert before["verdict"]["level"] == "unscored"  # no measured curve: nothing has judged it
     [face] = before["predictors"]  # no curve in the store: only the law that needs none answers
     [predicted] = face["predictions"]
     assert predicted["width"] == 48 and predicted["band"][0] < predicted["value"] < predicted["band"][1]
@@ -125,6 +126,15 @@ def test_a_profile_measured_on_other_windows_records_them(
     assert profile["calibration"]["seed"] == 42  # the basis is still the calibration's
     signal = profile["signals"][-1]
     assert sum(signal["energy"]) == pytest.approx(1.0) and signal["energy"] != signal["token_energy"]
+    assert profile["protocol"]["measured_on"]["disjoint_from"] == "the calibration windows"
+
+    unseeded = {key: value for key, value in measured_on.items() if key != "seed"}
+    job = api.post("/v1/jobs", json=profile_body(str(tiny_model_dir), measured_on=unseeded)).json()
+    wait_done(api, job["id"], worker)
+    profile = api.get(f"/v1/models/{tiny_model_dir}/profile").json()
+    held_out = profile["protocol"]["measured_on"]
+    assert held_out["seed"] != profile["calibration"]["seed"] == 42  # never the calibration's windows
+    assert held_out["disjoint_from"] == "the calibration windows"
 
 
 MASK_FEATURES = {"output-error-mean", "output-error-depth-sum", "output-error-weighted", "output-error-max"}
@@ -167,9 +177,10 @@ def test_intra_layer_methods_are_predicted_from_the_profiles_mask_errors(
     assert before["own_points"] == 2 and before["mode"] == "one-point"  # the newest profile: seed 7
     assert before["features_from"].startswith("the output error of Wanda's masks")
     assert {p["feature"] for p in before["predictors"]} == MASK_FEATURES
-    assert before["chosen"] is not None and "lowest backtest error" in before["reason"]
-    assert before["verdict"] in {"reliable", "rough", "unreliable"}
-    assert "backtest MAPE" in before["verdict_reason"]
+    assert before["chosen"] == "feature law: output-error-depth-sum"  # registered, not the best scored
+    assert before["reason"].startswith("pre-registered for wanda")
+    assert before["verdict"]["level"] in {"reliable", "rough", "unreliable"}
+    assert "typical miss" in before["verdict"]["advice"] and before["verdict"]["models"] == 1
     assert all(p["predictions"][0]["width"] is None for p in before["predictors"])
     assert before["profile_job_id"] == profile_jobs[1]
     for seed, profile_job in ((42, profile_jobs[0]), (99, None)):  # the profile of the prune's windows
