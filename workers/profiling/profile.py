@@ -23,7 +23,7 @@ final norm reads) it keeps:
   h' = h Q_d Q_d^T, read through the final norm and the head like the probes' counterfactual
   (`workers.probing.counterfactual`), compared with h read the same way: mean KL(p || q) and its
   Taylor estimate (`workers.probing.deviation`, the probes' own functions), and the mean increase
-  of the next token's NLL, on the first `lens_tokens` positions of the measured windows (first
+  of the next token's NLL, on `lens_tokens` positions spread evenly over the measured windows (first
   position of each window, the attention sink, left out; 0: no lens readings). The head runs in
   float32 whatever the model dtype.
 
@@ -151,18 +151,22 @@ class _LensRows:
 
     @classmethod
     def choose(cls, input_ids: torch.Tensor, keep: torch.Tensor, batch_size: int, budget: int) -> _LensRows:
+        """`budget` positions spread evenly over every usable position of every window (a real token
+        followed by a real one, the attention sink left out), so the readings see every window and
+        both short and long contexts, not the first window's opening tokens alone."""
+        usable = keep[:, :-1].bool() & keep[:, 1:].bool()  # (N, T - 1)
+        usable[:, 0] = False  # the attention sink
+        r_all, c_all = usable.nonzero(as_tuple=True)  # (U,), row-major
+        count = min(budget, int(r_all.numel()))
+        picked = ((torch.arange(count, dtype=torch.float64) + 0.5) * r_all.numel() / max(count, 1)).long()
+        r_all, c_all = r_all[picked], c_all[picked]  # (n,), still in batch order
         rows, cols, labels = [], [], []
-        left = budget
         for start in range(0, input_ids.shape[0], batch_size):
-            ids, mask = input_ids[start : start + batch_size], keep[start : start + batch_size]  # (B, T)
-            usable = mask[:, :-1] & mask[:, 1:]  # a real token followed by a real one
-            usable[:, 0] = False  # the attention sink
-            r, c = usable.nonzero(as_tuple=True)
-            r, c = r[:left], c[:left]
-            left -= int(r.numel())
+            inside = (r_all >= start) & (r_all < start + batch_size)
+            r, c = r_all[inside] - start, c_all[inside]
             rows.append(r)
             cols.append(c)
-            labels.append(ids[r, c + 1])
+            labels.append(input_ids[start + r, c + 1])
         return cls(rows, cols, torch.cat(labels))
 
     def gather(self, batch_index: int, signal: torch.Tensor) -> torch.Tensor:

@@ -109,9 +109,13 @@ def test_lens_readings_equal_the_probe_deviations_of_the_projected_signal() -> N
         x = hidden.double().reshape(-1, hidden.shape[-1])
         _, vectors = torch.linalg.eigh(x.T @ x)
         vectors = vectors.flip(1)  # descending
-        # The lens positions: from position 1 on, row by row, each with a next token.
-        rows = torch.cat([hidden[n, 1:-1] for n in range(ids.shape[0])])[:lens_tokens]  # (20, D)
-        labels = torch.cat([ids[n, 2:] for n in range(ids.shape[0])])[:lens_tokens]
+        # The lens positions: every position from 1 on with a next token, row by row (30 of them),
+        # of which 20 are taken evenly spaced, so every window is read.
+        usable = torch.cat([hidden[n, 1:-1] for n in range(ids.shape[0])])  # (30, D)
+        next_ids = torch.cat([ids[n, 2:] for n in range(ids.shape[0])])
+        picked = [int((k + 0.5) * usable.shape[0] / lens_tokens) for k in range(lens_tokens)]
+        assert {p // 10 for p in picked} == {0, 1, 2}
+        rows, labels = usable[picked], next_ids[picked]  # (20, D), (20,)
 
         def read(h: torch.Tensor) -> torch.Tensor:
             return model.lm_head(model.model.norm(h)).float()
