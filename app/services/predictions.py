@@ -219,7 +219,10 @@ def _better_rungs(
     body: PredictionCreate,
     model_ids: set[str],
 ) -> None:
-    """Name the jobs that would give a better rung (`missing`), and queue them with `measure_missing`."""
+    """Name the jobs that would give a better rung (`missing`), and queue them with `measure_missing`;
+    none when every asked sparsity is measured already."""
+    if all(p.rung == "measured" for p in item.predictions):
+        return
     jobs, why = missing_jobs.better_rungs(
         body, evidence.series, simulated=evidence.simulation is not None, profiled=evidence.before is not None
     )

@@ -587,6 +587,31 @@ def strict_law_public(series: Series) -> StrictLawPublic | None:
     )
 
 
+def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -> list[CurvePointPublic]:
+    """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. A law not
+    anchored at the dense point (the affine one) would draw its own intercept at s = 0,
+    contradicting the baseline it was fitted with: it is drawn from its first fitted point on."""
+    start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
+    if start > 0.0:
+        flags.add("drawn_from_first_point")
+    calibrated = []
+    for s in CURVE_GRID:
+        if s < start - 1e-12:
+            calibrated.append(CurvePointPublic(sparsity=s, value=None))
+            continue
+        p = _law_at(calibration, s, level)
+        low, high = p.band if p is not None and p.band else (None, None)
+        point = CurvePointPublic(
+            sparsity=s, value=finite(p.value) if p else None, low=finite(low), high=finite(high)
+        )
+        if None in (point.value, point.low, point.high):
+            flags.add("non_finite")
+        if p is not None:
+            flags.update(f for f in p.flags if f in ("prior", "clipped_at_chance", "diverged"))
+        calibrated.append(point)
+    return calibrated
+
+
 def build_curve(series: Series, calibration: Calibration | None, level: float) -> CurvePublic:
     """Measured points, the strict law (perplexity) and the calibrated law with band on CURVE_GRID."""
     if series.dense is None:
@@ -595,31 +620,7 @@ def build_curve(series: Series, calibration: Calibration | None, level: float) -
     strict = None
     if series.metric == PPL:
         strict = [CurvePointPublic(sparsity=s, value=strict_value(series.dense.value, s)) for s in CURVE_GRID]
-    calibrated = None
-    if calibration is not None:
-        calibrated = []
-        # A law not anchored at the dense point (the affine one) would draw its own intercept at
-        # s = 0, contradicting the baseline it was fitted with: it is drawn from its first point.
-        start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
-        if start > 0.0:
-            flags.add("drawn_from_first_point")
-        for s in CURVE_GRID:
-            if s < start - 1e-12:
-                calibrated.append(CurvePointPublic(sparsity=s, value=None))
-                continue
-            p = _law_at(calibration, s, level)
-            low, high = p.band if p is not None and p.band else (None, None)
-            point = CurvePointPublic(
-                sparsity=s,
-                value=finite(p.value) if p else None,
-                low=finite(low),
-                high=finite(high),
-            )
-            if None in (point.value, point.low, point.high):
-                flags.add("non_finite")
-            if p is not None:
-                flags.update(f for f in p.flags if f in ("prior", "clipped_at_chance", "diverged"))
-            calibrated.append(point)
+    calibrated = None if calibration is None else _calibrated_curve(calibration, level, flags)
     notes = list(series.notes)
     if "non_finite" in flags:
         notes.append("null values: the law has no finite value (or band edge) there; JSON has no infinity")

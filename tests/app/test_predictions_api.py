@@ -307,6 +307,24 @@ def test_curve_json_has_measured_points_both_laws_and_a_band(api: TestClient, cl
     assert curve["calibration"]["law"] in ("alpha", "affine")
 
 
+def test_a_drawn_affine_law_never_passes_through_a_dense_value_it_contradicts(
+    api: TestClient, clean_store: Store
+) -> None:
+    """ln PPL0 / ln PPL = a + b (1 - s) with a + b = 0.95: at s = 0 the law says 36, not 30."""
+    ppl0, a, b = 30.0, 0.45, 0.5
+    add_series(
+        clean_store, OPT, ppl0, [(s, ppl0 ** (1 / (a + b * (1 - s)))) for s in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    )
+    curve = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "method": "slicegpt"}).json()
+    assert curve["calibration"]["law"] == "affine"
+    drawn = {p["sparsity"]: p["value"] for p in curve["calibrated"]}
+    assert drawn[0.0] is None and drawn[0.075] is None and drawn[0.1] == pytest.approx(ppl0 ** (1 / 0.9))
+    assert "drawn_from_first_point" in curve["flags"]
+    assert any("not anchored at the dense point" in note for note in curve["notes"])
+    svg = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "format": "svg"})
+    assert svg.status_code == 200
+
+
 def test_curve_svg_parses_as_xml_and_png_has_the_png_signature(api: TestClient, clean_store: Store) -> None:
     add_series(clean_store, OPT, OPT_125M_DENSE, [(0.1, 29.33), (0.2, 34.53)])
     svg = api.get(f"/v1/models/{OPT}/curves", params={"format": "svg"})
