@@ -8,8 +8,12 @@ from fastapi import APIRouter, Query
 
 from app.deps import SessionDep
 from app.schemas.profiles import BacktestList
-from app.services.profiles import backtest_list
+from app.services.profiles import backtest_list, nested_choice_score, scored_curves
+from app.services.simulated import simulation_records
+from app.services.store_state import store_state
+from core.backtests import feature_predictor
 from core.laws import DEFAULT_LEVEL
+from core.prediction.registry import PROFILE_PREDICTORS
 from core.specs.pruning import StoredMethod
 
 router = APIRouter(prefix="/v1/backtests", tags=["predictions"])
@@ -24,10 +28,20 @@ def list_backtests(
     ] = DEFAULT_LEVEL,
     points: Annotated[bool, Query(description="Include every held-out point.")] = False,
 ) -> BacktestList:
-    """For every law and predictor, the error of its predictions on measured points it did not see,
-    over every perplexity curve of `method` in the store: the feature laws with zero points of the
-    held-out curve (coefficient pooled from the other curves, or from other models only) and with
-    one point; the strict law; the calibrated laws fitted on one point and on all but one sparsity.
-    MAPE, max APE and the coverage of the stated band at `level`. Curves without a profile of their
-    model under their calibration score only the strict and calibrated laws."""
-    return backtest_list(session, method, level, points=points)
+    """For every rung, law and predictor, the error of its predictions on measured points it did not
+    see, over every perplexity curve of `method` in the store: the simulations against the measured
+    points of the same model, protocol and calibration (face values, and anchored ones off their
+    anchors); the feature laws with zero points of the held-out curve (coefficient pooled from the
+    other curves, or from other models only), the nested choice between carrying over and pooling,
+    and one point; the strict law; the calibrated laws fitted on one point and on all but one
+    sparsity, and the alpha law pooled over other models. Each with its |ln| record pooled
+    model -> curve (what verdicts read), MAPE for comparison, and the coverage of the stated band at
+    `level`. Curves without a profile of their model under their calibration score only the laws."""
+    state = store_state(session)
+    extra = list(simulation_records(session, method, level, state).values())
+    registered = PROFILE_PREDICTORS.get(method)
+    if registered is not None:
+        scored = scored_curves(session, method, level, state)
+        scores = {(score.predictor, score.mode): score for score in scored.scores}
+        extra.append(nested_choice_score(scores, feature_predictor(registered.feature), level))
+    return backtest_list(session, method, level, points=points, extra=extra, state=state)

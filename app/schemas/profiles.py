@@ -86,6 +86,7 @@ class CoefficientPublic(BaseModel):
 class BacktestPublic(BaseModel):
     """A predictor's held-out record in one mode over the store's curves."""
 
+    rung: str = Field(description="The rung it answers as: simulated, profile, law, or strict (reference).")
     predictor: str
     mode: str
     level: float

@@ -39,8 +39,11 @@ from app.services.series import finite
 from app.services.store_state import StateCache, StoreState, store_state
 from core import feature_laws
 from core.backtests import (
+    CALIBRATED,
     CROSS_METHOD,
     ONE_POINT,
+    POOLED_ALPHA,
+    STRICT,
     ZERO_CURVE,
     ZERO_MODEL,
     Curve,
@@ -626,8 +629,20 @@ def profile_public(profile: StoredProfile, *, spectra: bool = False, linears: bo
     )
 
 
+def rung_of(predictor: str) -> str:
+    """The rung a backtested predictor answers as."""
+    if predictor.startswith("simulated"):
+        return "simulated"
+    if predictor == STRICT:
+        return "strict"
+    if predictor in (CALIBRATED, POOLED_ALPHA):
+        return "law"
+    return "profile"
+
+
 def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
     return BacktestPublic(
+        rung=rung_of(score.predictor),
         predictor=score.predictor,
         mode=score.mode,
         level=score.level,
@@ -655,9 +670,18 @@ def score_public(score: Score, *, points: bool = False) -> BacktestPublic:
     )
 
 
-def backtest_list(session: Session, method: str, level: float, *, points: bool = False) -> BacktestList:
-    """Every predictor in every mode over the store's curves of `method`."""
-    scored = scored_curves(session, method, level)
+def backtest_list(
+    session: Session,
+    method: str,
+    level: float,
+    *,
+    points: bool = False,
+    extra: Sequence[Score] = (),
+    state: StoreState | None = None,
+) -> BacktestList:
+    """Every predictor in every mode over the store's curves of `method`, and `extra` records (the
+    simulated rung's, the nested choice's)."""
+    scored = scored_curves(session, method, level, state)
     curves = scored.curves
     return BacktestList(
         method=method,
@@ -673,7 +697,7 @@ def backtest_list(session: Session, method: str, level: float, *, points: bool =
             )
             for c in curves
         ],
-        items=[score_public(score, points=points) for score in scored.scores if score.n],
+        items=[score_public(score, points=points) for score in [*extra, *scored.scores] if score.n],
     )
 
 

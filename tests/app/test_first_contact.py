@@ -64,3 +64,9 @@ def test_measure_missing_queues_one_simulation_then_the_answer_comes_from_it(
     assert at_quarter["rung"] == "measured" and at_quarter["verdict"]["level"] == "measured"
     assert at_forty["rung"] == "simulated" and "through the measured points at 0.25" in at_forty["predictor"]
     assert "anchored_on_measured" in at_forty["flags"]
+    # The simulated rung's record: the simulation at face value against the measured point.
+    items = api.get("/v1/backtests", params={"points": True}).json()["items"]
+    [face] = [i for i in items if i["predictor"] == "simulated at face value"]
+    assert face["rung"] == "simulated" and face["n"] == 1 and face["record"]["models"] == 1
+    [point] = face["points"]
+    assert point["sparsity"] == 0.25 and point["measured"] == at_quarter["value"]
