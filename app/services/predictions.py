@@ -127,8 +127,8 @@ def _evidence(
     else:
         protocol = (body.protocol.seqlen, body.protocol.max_windows, body.protocol.dtype)
     method, level = series.method, body.level
+    state = store_state(services.store)  # one round trip; the session below reads only on a cache miss
     with services.store.session() as session:
-        state = store_state(session)
         scored = scored_curves(session, method, level, state)
         records = simulation_records(session, method, level, state)
         simulation = newest_simulation(

@@ -14,17 +14,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
+from core.store import Store
 from core.tables import Fit, Job, JobStatus, Profile, Result
 
 T = TypeVar("T")
 StoreState = tuple[Any, ...]
 
 
-def store_state(session: Session) -> StoreState:
-    """The store's state as predictions see it, in one statement."""
+def _state_statement() -> Select[Any]:
     columns = []
     for table in (Result, Fit, Profile):
         columns += [
@@ -37,8 +37,21 @@ def store_state(session: Session) -> StoreState:
         select(func.count(Job.id)).where(succeeded).scalar_subquery(),
         select(func.max(Job.finished_at)).where(succeeded).scalar_subquery(),
     ]
-    row = session.execute(select(*columns)).one()
-    return (str(session.get_bind().engine.url), *row)
+    return select(*columns)
+
+
+STATE_STATEMENT = _state_statement()
+"""Built once: compiled once per process, then one round trip per request."""
+
+
+def store_state(source: Session | Store) -> StoreState:
+    """The store's state as predictions see it, in one statement: on the store's autocommit reader
+    (no transaction around it) when given the store, else in the session."""
+    if isinstance(source, Store):
+        (row,) = source.read(STATE_STATEMENT)
+        return (source.url, *row)
+    row = source.execute(STATE_STATEMENT).one()
+    return (str(source.get_bind().engine.url), *row)
 
 
 class StateCache:
