@@ -30,7 +30,7 @@ from core.laws import Calibration, strict_ppl
 from core.methods import stored_method_entry
 from core.prediction import priors
 from core.prediction.bands import combined_sd, log_sd_of_band, lognormal_band
-from core.prediction.records import RELIABLE_FACTOR, Summary, Verdict, pooled_mean, verdict
+from core.prediction.records import MIN_POINTS, RELIABLE_FACTOR, Summary, Verdict, pooled_mean, verdict
 from core.prediction.registry import SIMULATION_BENCH
 from core.prediction.rungs import STRICT as STRICT_RUNG
 from core.prediction.rungs import Estimate, Rung
@@ -84,9 +84,9 @@ def measured(evidence: Evidence, s: float) -> Estimate:
     series = evidence.series
     points = [series.dense, *series.pruned] if series.dense is not None else list(series.pruned)
     hit = next((p for p in points if abs(p.sparsity - s) <= SAME_SPARSITY), None)
-    whose = "your points" if series.source == "caller" else "the store"
+    whose = "your points hold" if series.source == "caller" else "the store holds"
     if hit is None:
-        return _cannot(Rung.MEASURED, s, f"{whose} hold(s) no point at this sparsity under this protocol")
+        return _cannot(Rung.MEASURED, s, f"{whose} no point at this sparsity under this protocol")
     source = f"result {hit.result_id}" if hit.result_id is not None else "your point"
     what = Verdict("measured", f"measured: {source} ({series.selection})")
     return Estimate(Rung.MEASURED, s, hit.value, None, "measured", source, what)
@@ -117,7 +117,7 @@ def simulated(evidence: Evidence, s: float) -> Estimate:
     record_name = ANCHORED if predictor != FACE else FACE
     summary, what = _simulation_verdict(evidence, simulation, record_name)
     model_sd = 0.0 if simulation.exact else None
-    if summary is not None and summary.sigma is not None and summary.points >= 3:
+    if summary is not None and summary.sigma is not None and summary.points >= MIN_POINTS:
         model_sd = summary.sigma
     elif model_sd is None and evidence.series.method in SIMULATION_BENCH:
         model_sd = SIMULATION_BENCH[evidence.series.method].worst_log_error
@@ -188,7 +188,7 @@ def _simulation_verdict(
 ) -> tuple[Summary | None, Verdict]:
     score = (evidence.simulation_records or {}).get(record)
     summary = None if score is None else score.summary
-    if summary is not None and summary.points >= 3:
+    if summary is not None and summary.points >= MIN_POINTS:
         return summary, verdict(summary, new_model=evidence.new_model, what="simulations vs measured curves")
     if simulation.exact:
         return summary, Verdict(
@@ -306,7 +306,7 @@ def _distance_rate(record: Score | None) -> float | None:
     if record is None:
         return None
     misses = [p for p in record.points if p.distance and math.isfinite(p.log_error)]
-    if len(misses) < 3:
+    if len(misses) < MIN_POINTS:
         return None
     square = pooled_mean(misses, lambda m: (m.log_error / (m.distance or math.inf)) ** 2)
     return None if square is None else math.sqrt(square)
