@@ -294,9 +294,9 @@ class MetricPredictionPublic(BaseModel):
     queued: list[JobPublic] = Field(default_factory=list, description="Jobs `measure_missing` queued.")
     before_pruning: BeforePruningPublic | None = Field(
         None,
-        description="Perplexity of `slicegpt` with a stored profile of the model: the feature laws' "
-        "predictions from its dense profile, each with its coefficient and backtest error, the one with "
-        "the lowest backtest error named in `chosen` (null: no profile; submit a `profile` job).",
+        description="Perplexity, for a method a stored profile of the model predicts: the feature laws' "
+        "predictions from its dense profile, each with its coefficient and backtest record, the method's "
+        "pre-registered one named in `chosen` (it answers as the `profile` rung; null: no profile).",
     )
 
 
