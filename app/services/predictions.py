@@ -53,7 +53,7 @@ from app.services.series import (
     strict_value,
 )
 from app.services.simulated import ProtocolKey, newest_simulation, simulation_records
-from app.services.store_state import StoreState, store_state
+from app.services.store_state import StateCache, StoreState, store_state
 from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
 from core.methods import stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
@@ -70,8 +70,25 @@ STRICT_NOTE = "on the calibration points the strict law"
 """How core.laws starts its note on the strict law's errors; the response's `strict_law` says it once."""
 
 
+ANSWER_CACHE_SIZE = 1024
+"""Answers kept per process, keyed by the store's state and the request body."""
+
+_answers = StateCache(ANSWER_CACHE_SIZE)
+
+
 def create_prediction(body: PredictionCreate, services: Services) -> Response:
-    """The answer to one prediction request (see the route's description)."""
+    """The answer to one prediction request (see the route's description): computed once per state
+    of the store and body (an answer reads nothing else), except with `measure_missing`, which may
+    queue jobs."""
+    state = store_state(services.store)
+    if body.measure_missing:
+        return _respond(body, services, state)
+    key = (state, body.model_dump_json())
+    answer = _answers.get(key, lambda: _respond(body, services, state))
+    return Response(answer.body, media_type="application/json")
+
+
+def _respond(body: PredictionCreate, services: Services, state: StoreState) -> Response:
     wanted: list[SeriesKey] = [(m.metric, m.task) for m in body.metrics]
     selector = Selector(
         dataset=body.protocol.dataset,
@@ -101,7 +118,7 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
     for key in wanted:
         calibration = _calibration_of(series[key], priors.get(key))
         item = _metric_prediction(series[key], body, calibration)
-        evidence = _evidence(services, series[key], body, calibration, [model, body.model])
+        evidence = _evidence(services, state, series[key], body, calibration, [model, body.model])
         _answer(item, evidence, body)
         if item.metric == PPL:
             _better_rungs(services, item, evidence, body, {model, body.model})
@@ -112,6 +129,7 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
 
 def _evidence(
     services: Services,
+    state: StoreState,
     series: Series,
     body: PredictionCreate,
     calibration: Calibration | None,
@@ -127,8 +145,7 @@ def _evidence(
     else:
         protocol = (body.protocol.seqlen, body.protocol.max_windows, body.protocol.dtype)
     method, level = series.method, body.level
-    state = store_state(services.store)  # one round trip; the session below reads only on a cache miss
-    with services.store.session() as session:
+    with services.store.session() as session:  # it reads only where a cache misses
         scored = scored_curves(session, method, level, state)
         records = simulation_records(session, method, level, state)
         simulation = newest_simulation(
