@@ -16,7 +16,7 @@ from app.deps import Services
 from app.schemas.predictions import PredictionCreate
 from app.services.jobs import create_job
 from app.services.series import PPL, Series
-from core.methods import METHODS
+from core.methods import simulated_methods
 from core.profiles import METHOD_FEATURES
 from core.specs import JobCreate
 from core.specs.profile import MAX_PROFILE_SPARSITIES
@@ -44,11 +44,6 @@ def validated(body: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         return None, reasons
     dumped: dict[str, Any] = job.model_dump(mode="json")
     return dumped, None
-
-
-def simulates(method: str) -> bool:
-    entry = METHODS.get(method)
-    return entry is not None and entry.simulation is not None
 
 
 def _perplexity(series: Series | None, body: PredictionCreate) -> dict[str, Any]:
@@ -101,9 +96,7 @@ def simulate_job(body: PredictionCreate, series: Series | None) -> tuple[dict[st
 def profile_job(body: PredictionCreate, series: Series | None) -> tuple[dict[str, Any] | None, str | None]:
     """The `profile` job whose lens readings cover the asked sparsities."""
     grid = _grid(list(body.sparsities), MAX_PROFILE_SPARSITIES) or [0.1, 0.2, 0.3, 0.4, 0.5]
-    request = {"kind": "profile", **_common(body, series), "sparsities": grid}
-    request.pop("dtype", None)
-    return validated(request)
+    return validated({"kind": "profile", **_common(body, series), "sparsities": grid})
 
 
 def evaluate_job(model: str, missing: list[Series]) -> tuple[dict[str, Any] | None, str | None]:
@@ -138,7 +131,7 @@ def better_rungs(
     help cannot be named."""
     jobs: list[MissingJob] = []
     why: list[str] = []
-    if simulates(body.method):
+    if body.method in simulated_methods():
         if not simulated:
             job, reason = simulate_job(body, series)
             if job is not None:

@@ -55,7 +55,7 @@ from app.services.series import (
 from app.services.simulated import ProtocolKey, newest_simulation, simulation_records
 from app.services.store_state import StateCache, StoreState, store_state
 from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
-from core.methods import stored_method_entry
+from core.methods import simulated_methods, stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
 from core.prediction.rungs import Estimate, best
 from core.profiles import METHOD_FEATURES
@@ -318,7 +318,7 @@ def _baseline_job(body: PredictionCreate, missing: list[Series]) -> tuple[dict[s
     """The one job that measures the missing baselines: a `simulate` job when only perplexity is
     missing and the method has a simulation (it measures the baseline and gives the simulated rung),
     else an `evaluate` job."""
-    if all(s.metric == PPL for s in missing) and missing_jobs.simulates(body.method):
+    if all(s.metric == PPL for s in missing) and body.method in simulated_methods():
         job, why_not = missing_jobs.simulate_job(body, missing[0])
         if job is not None:
             return job, None

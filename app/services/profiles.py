@@ -48,6 +48,7 @@ from core.backtests import (
     ZERO_MODEL,
     Curve,
     FeatureLaw,
+    HeldOut,
     LawFit,
     Score,
     backtest,
@@ -529,9 +530,7 @@ def _known_mode(
         return ZERO_MODEL
     if not any(c.model != model for c in others) or predictor is None:
         return CROSS_METHOD
-    candidates = {
-        mode: scores[(predictor, mode)].points for mode in CHOSEN_MODES if (predictor, mode) in scores
-    }
+    candidates = _mode_records(scores, predictor)
     return (
         records.choose(candidates, exclude_model=model) or CROSS_METHOD
     )  # unscored: use more of what is known
@@ -541,11 +540,14 @@ CHOSEN_MODES = (CROSS_METHOD, ZERO_MODEL)
 NESTED_MODE = "zero-points, carried over or pooled, chosen nested"
 
 
+def _mode_records(scores: dict[tuple[str, str], Score], predictor: str) -> dict[str, tuple[HeldOut, ...]]:
+    """`predictor`'s held-out points in each mode `_known_mode` chooses between."""
+    return {mode: scores[(predictor, mode)].points for mode in CHOSEN_MODES if (predictor, mode) in scores}
+
+
 def nested_choice_score(scores: dict[tuple[str, str], Score], predictor: str, level: float) -> Score:
     """The record of `_known_mode`'s choice between carrying over and pooling for `predictor`."""
-    candidates = {
-        mode: scores[(predictor, mode)].points for mode in CHOSEN_MODES if (predictor, mode) in scores
-    }
+    candidates = _mode_records(scores, predictor)
     return Score(predictor, NESTED_MODE, level, tuple(records.nested(candidates)))
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from app.services.profiles import BeforePruning
-from app.services.series import PPL, Series, predict
+from app.services.series import PPL, Series, finite, predict
 from app.services.simulated import ANCHORED, FACE, SimulatedCurves
 from core.anchoring import Anchor, fit_scale
 from core.backtests import (
@@ -266,7 +266,7 @@ def law(evidence: Evidence, s: float) -> Estimate:
     what = verdict(None if record is None else record.summary, new_model=True)
     flags = () if band is not None else ("band_unknown",)
     predictor = f"{POOLED_ALPHA} (alpha = {prior.alpha:.3g})"
-    return Estimate(Rung.LAW, s, _finite(value), band, predictor, prior.source, what, flags=flags)
+    return Estimate(Rung.LAW, s, finite(value), band, predictor, prior.source, what, flags=flags)
 
 
 def _calibrated(evidence: Evidence, calibration: Calibration, s: float) -> Estimate:
@@ -323,7 +323,7 @@ def strict(evidence: Evidence, s: float) -> Estimate:
     record = evidence.score(STRICT, ZERO_CURVE)
     what = verdict(None if record is None else record.summary, new_model=True)
     source = "PPL0 alone: PPL = PPL0 ** (1 / (1 - s)), shown for reference"
-    return Estimate(STRICT_RUNG, s, _finite(value), None, "strict law", source, what)
+    return Estimate(STRICT_RUNG, s, finite(value), None, "strict law", source, what)
 
 
 def _strict_applies(method: str) -> bool:
@@ -336,7 +336,3 @@ def _strict_applies(method: str) -> bool:
 
 def _cannot(rung: Rung | str, s: float, why: str, predictor: str = "") -> Estimate:
     return Estimate(rung, s, None, None, predictor, "", Verdict("unscored", why), why_not=why)
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
