@@ -182,6 +182,8 @@ class ProbePoint(Base):
     stderr: Mapped[float | None] = mapped_column(Float, default=None)
     value_min: Mapped[float | None] = mapped_column(Float, default=None)
     value_max: Mapped[float | None] = mapped_column(Float, default=None)
+    # the rules the point was read by (core.probe_conventions); points stored before 0009: prunecast
+    convention: Mapped[str] = mapped_column(String(16), default="prunecast", server_default="prunecast")
 
 
 class Artifact(Base):

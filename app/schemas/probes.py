@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from app.schemas.base import FromRow
+from core.probe_conventions import CONVENTION_DESCRIPTION
 from core.specs.probe import PROBE_KIND_DESCRIPTION, PROBE_METRIC_DESCRIPTION, PROBE_SPACE_DESCRIPTION
 
 
@@ -28,6 +29,7 @@ class ProbePointPublic(FromRow):
     )
     value_min: float | None = Field(None, description="Smallest value over those tokens.")
     value_max: float | None = Field(None, description="Largest value over those tokens.")
+    convention: str = Field("prunecast", description=CONVENTION_DESCRIPTION)
 
 
 class ProbeSummary(BaseModel):
@@ -35,6 +37,7 @@ class ProbeSummary(BaseModel):
     metric, over every matching point that has an estimate (all layers, not just one page)."""
 
     probe: str
+    convention: str = Field("prunecast", description="The rules the points were read by; never pooled.")
     decoding_steps: bool = Field(
         False,
         description="True: counterfactual points measured at decoding steps of the dense model's "

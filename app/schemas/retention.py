@@ -29,11 +29,13 @@ class FamilyMeanPublic(BaseModel):
 
 
 class ProbeReadingPublic(BaseModel):
-    """What a `probe` job of the same pruning measured (the newest one), where there is one."""
+    """What a `probe` job of the same pruning measured (the newest one of its convention)."""
 
     job_id: str
+    convention: str = Field("prunecast", description="The rules the probe read its numbers by.")
+    temperature: float | None = Field(None, description="T of p = softmax(z / T) in that job.")
     final_kl: float | None = Field(
-        description="Mean KL(dense || pruned) of the next-token distribution on the prompts."
+        description="Mean KL(dense || pruned) of the next-token distribution on the prompts, at T."
     )
     greedy_prefix_agree: float | None = Field(
         description="Share of prompts whose greedy generations agree at every step, at the last step probed."
@@ -48,7 +50,13 @@ class PruningRetentionPublic(BaseModel):
     means: list[FamilyMeanPublic]
     scores: list[RetainedScorePublic]
     skipped: list[str] = Field(description="Paired results left out, and why.")
-    probe: ProbeReadingPublic | None = None
+    probe: ProbeReadingPublic | None = Field(
+        None, description="The newest `prunecast`-convention probe of this pruning, where there is one."
+    )
+    probes: list[ProbeReadingPublic] = Field(
+        default_factory=list,
+        description="The newest probe of this pruning under each convention, never pooled across them.",
+    )
 
 
 class RetentionPublic(BaseModel):

@@ -26,6 +26,7 @@ class EstimatedPoint(NamedTuple):
     value: float
     estimate: float
     decoding_step: bool = False  # a counterfactual point measured at a decoding step, not on a prompt
+    convention: str = "prunecast"  # points read by different conventions are never pooled
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -48,24 +49,31 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return max(-1.0, min(1.0, r)) if math.isfinite(r) else None
 
 
-_Key = tuple[str, bool, str | None, str, str]
+_Key = tuple[str, str, bool, str | None, str, str]
 
 
-def _order(key: _Key) -> tuple[int, bool, str, int, str, str]:
-    probe, stepped, sublayer, space, metric = key
+def _order(key: _Key) -> tuple[str, int, bool, str, int, str, str]:
+    convention, probe, stepped, sublayer, space, metric = key
     probe_rank = PROBE_KINDS.index(probe) if probe in PROBE_KINDS else len(PROBE_KINDS)
     space_rank = PROBE_SPACES.index(space) if space in PROBE_SPACES else len(PROBE_SPACES)
-    return probe_rank, stepped, sublayer or "", space_rank, space, metric
+    return convention, probe_rank, stepped, sublayer or "", space_rank, space, metric
 
 
 def summarize(points: Iterable[EstimatedPoint]) -> list[ProbeSummary]:
-    """Per (probe, prompt or decoding-step points, sublayer, space, metric): n, Pearson r of estimate
-    against value, the means, and the mean relative error |estimate - value| / |value| (over values
-    != 0). Non-finite points are left out."""
+    """Per (convention, probe, prompt or decoding-step points, sublayer, space, metric): n, Pearson r
+    of estimate against value, the means, and the mean relative error |estimate - value| / |value|
+    (over values != 0). Non-finite points are left out."""
     groups: dict[_Key, list[EstimatedPoint]] = {}
     for point in points:
         if math.isfinite(point.value) and math.isfinite(point.estimate):
-            key = (point.probe, point.decoding_step, point.sublayer, point.space, point.metric)
+            key = (
+                point.convention,
+                point.probe,
+                point.decoding_step,
+                point.sublayer,
+                point.space,
+                point.metric,
+            )
             groups.setdefault(key, []).append(point)
     summaries = []
     for key in sorted(groups, key=_order):
@@ -75,11 +83,12 @@ def summarize(points: Iterable[EstimatedPoint]) -> list[ProbeSummary]:
         relative = [abs(p.estimate - p.value) / abs(p.value) for p in group if p.value != 0.0]
         summaries.append(
             ProbeSummary(
-                probe=key[0],
-                decoding_steps=key[1],
-                sublayer=key[2],
-                space=key[3],
-                metric=key[4],
+                convention=key[0],
+                probe=key[1],
+                decoding_steps=key[2],
+                sublayer=key[3],
+                space=key[4],
+                metric=key[5],
                 n=len(group),
                 correlation=pearson(estimates, values),
                 mean_value=math.fsum(values) / len(group),

@@ -24,6 +24,7 @@ from app.views.probe_plots import (
     inline,
 )
 from app.views.report import ProbePlot, ProbeSection
+from core.probe_conventions import DEFAULT_CONVENTION
 from core.store import Store
 from core.tables import Job, ProbePoint
 
@@ -62,13 +63,21 @@ def _estimated(session: Session, where: Sequence[ColumnElement[bool]]) -> list[E
         ProbePoint.value,
         ProbePoint.estimate,
         ProbePoint.step,
+        ProbePoint.convention,
     )
     rows = session.execute(select(*columns).where(*where, ProbePoint.estimate.is_not(None))).all()
     return [
         EstimatedPoint(
-            probe, sublayer, space, metric, value, estimate, probe == COUNTERFACTUAL and step is not None
+            probe,
+            sublayer,
+            space,
+            metric,
+            value,
+            estimate,
+            probe == COUNTERFACTUAL and step is not None,
+            convention,
         )
-        for probe, sublayer, space, metric, value, estimate, step in rows
+        for probe, sublayer, space, metric, value, estimate, step, convention in rows
         if estimate is not None
     ]
 
@@ -91,7 +100,12 @@ def probe_title(job: Job) -> str:
         pruned += f" ({pattern})" if pattern != "unstructured" else ""
     else:
         pruned = f"{job.kind} job {job.id}"
-    return f"{job.model_id} - {pruned}"
+    convention = request.get("convention") or DEFAULT_CONVENTION
+    temperature = request.get("temperature")
+    reading = f"{convention} convention" + (
+        f", T={temperature:g}" if isinstance(temperature, int | float) else ""
+    )
+    return f"{job.model_id} - {pruned} ({reading})"
 
 
 def figure(session: Session, job_id: str, view: str, probe: str | None, sublayer: str, metric: str) -> Any:

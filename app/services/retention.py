@@ -17,6 +17,7 @@ from app.schemas.retention import (
     RetentionPublic,
 )
 from core.methods import DENSE, UNSTRUCTURED, result_method
+from core.probe_conventions import DEFAULT_CONVENTION
 from core.retention import PruningRetention, retention
 from core.tables import Job, JobStatus, ProbePoint, Result
 
@@ -54,12 +55,12 @@ def load_retention(session: Session, model: str) -> RetentionPublic:
         )
     return RetentionPublic(
         model=model,
-        prunings=[_public(p, probes.get((p.method, p.sparsity))) for p in prunings],
+        prunings=[_public(p, probes.get((p.method, p.sparsity), {})) for p in prunings],
         notes=notes,
     )
 
 
-def _public(pruning: PruningRetention, probe: ProbeReadingPublic | None) -> PruningRetentionPublic:
+def _public(pruning: PruningRetention, probes: dict[str, ProbeReadingPublic]) -> PruningRetentionPublic:
     return PruningRetentionPublic(
         method=pruning.method,
         sparsity=pruning.sparsity,
@@ -70,7 +71,8 @@ def _public(pruning: PruningRetention, probe: ProbeReadingPublic | None) -> Prun
         ],
         scores=[RetainedScorePublic(**vars(score)) for score in pruning.scores],
         skipped=list(pruning.skipped),
-        probe=probe,
+        probe=probes.get(DEFAULT_CONVENTION),
+        probes=[probes[name] for name in sorted(probes)],
     )
 
 
@@ -90,20 +92,22 @@ def _pruning_of(request: dict[str, Any], jobs: dict[str, Job]) -> tuple[str, flo
     )
 
 
-def _probe_readings(session: Session, model: str) -> dict[tuple[str, float], ProbeReadingPublic]:
+def _probe_readings(session: Session, model: str) -> dict[tuple[str, float], dict[str, ProbeReadingPublic]]:
+    """(method, sparsity) -> convention -> the newest succeeded probe job's reading."""
     jobs = {
         job.id: job
         for job in session.scalars(
             select(Job).where(Job.model_id == model, Job.status == JobStatus.succeeded)
         )
     }
-    readings: dict[tuple[str, float], ProbeReadingPublic] = {}
+    readings: dict[tuple[str, float], dict[str, ProbeReadingPublic]] = {}
     probe_jobs = sorted(
         (j for j in jobs.values() if j.kind == "probe"), key=lambda j: j.created_at, reverse=True
     )
     for job in probe_jobs:
         key = _pruning_of(job.request, jobs)
-        if key is None or key in readings:
+        convention = str(job.request.get("convention") or DEFAULT_CONVENTION)
+        if key is None or convention in readings.get(key, {}):
             continue
         points = _points(session, job.id)
         final = [p.value for p in points if (p.probe, p.space, p.metric) == FINAL_PROBE and p.layer is None]
@@ -112,8 +116,11 @@ def _probe_readings(session: Session, model: str) -> dict[tuple[str, float], Pro
             for p in points
             if (p.probe, p.space, p.metric) == GREEDY_PROBE and p.step is not None
         )
-        readings[key] = ProbeReadingPublic(
+        temperature = job.request.get("temperature")
+        readings.setdefault(key, {})[convention] = ProbeReadingPublic(
             job_id=job.id,
+            convention=convention,
+            temperature=float(temperature) if isinstance(temperature, int | float) else None,
             final_kl=final[0] if final else None,
             greedy_prefix_agree=greedy[-1][1] if greedy else None,
             steps=greedy[-1][0] + 1 if greedy else None,

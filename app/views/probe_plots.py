@@ -98,15 +98,15 @@ def _spans_decades(values: Sequence[float]) -> bool:
 
 
 def layers_panels(points: Sequence[ProbePointPublic], probe: str, sublayer: str, metric: str) -> list[Panel]:
-    """Measured deviation and Taylor estimate per layer, one panel per space (plus probs KL)."""
+    """Measured deviation and Taylor estimate per layer, one panel per space (plus probs KL): on the
+    prompts, or the mean over decoding steps where the job read only those."""
     wanted = [(space, metric) for space in PROBE_SPACES]
     if metric != "kl":
         wanted.append(("probs", "kl"))
-    chosen = [  # prompt points only: decoding-step points (with a step) are another measurement
-        p
-        for p in points
-        if p.probe == probe and p.sublayer == sublayer and p.layer is not None and p.step is None
-    ]
+    candidates = [p for p in points if p.probe == probe and p.sublayer == sublayer and p.layer is not None]
+    # Prompt points where there are any: decoding-step points (with a step) are another measurement.
+    # A probe that read only decoding steps (the released-code convention) is drawn as their mean.
+    chosen = [p for p in candidates if p.step is None] or candidates
     panels = []
     for space, what in wanted:
         group = [p for p in chosen if p.space == space and p.metric == what]

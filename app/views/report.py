@@ -17,6 +17,7 @@ from typing import Any
 from app.schemas.jobs import JobPublic
 from app.schemas.probes import ProbeSummary
 from app.schemas.results import ResultPublic
+from core.probe_conventions import DEFAULT_CONVENTION
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
@@ -182,6 +183,12 @@ def _curves(curves: list[CurveSection]) -> str:
     return f'<section id="curves"><h2>Curves</h2>{body}</section>'
 
 
+def _probe_label(probe: str, decoding_steps: bool, convention: str) -> str:
+    """A summary row's probe, with where it was read and, off the default, by which convention."""
+    label = probe + (" (decoding steps)" if decoding_steps else "")
+    return label if convention == DEFAULT_CONVENTION else f"{label} [{convention}]"
+
+
 def _probes(section: ProbeSection | None) -> str:
     if section is None or not section.points:
         body = (
@@ -197,7 +204,7 @@ def _probes(section: ProbeSection | None) -> str:
         head = "".join(f"<th>{_e(name)}</th>" for name in PROBE_COLUMNS)
         rows = "".join(
             "<tr>"
-            f"<td>{_e(s.probe + (' (decoding steps)' if s.decoding_steps else ''))}</td>"
+            f"<td>{_e(_probe_label(s.probe, s.decoding_steps, s.convention))}</td>"
             f"<td>{_e(s.sublayer or '-')}</td><td>{_e(s.space)}</td>"
             f'<td>{_e(s.metric)}</td><td class="num">{s.n}</td>'
             f'<td class="num">{_e(_number(s.correlation))}</td>'

@@ -7,6 +7,12 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from core.methods import METHODS
+from core.probe_conventions import (
+    CONVENTION_DESCRIPTION,
+    DEFAULT_CONVENTION,
+    ProbeConventionName,
+    convention_named,
+)
 from core.specs.common import CalibrationSpec, ModelSpec, StrictModel
 from core.specs.pruning import (
     LAYOUT_DESCRIPTION,
@@ -56,11 +62,14 @@ PROBE_KIND_DESCRIPTION = (
 PROBE_SPACE_DESCRIPTION = (
     "`embedding`: the hidden state h after the (sub)layer; `logits`: z = W_head(norm_final(h)); "
     "`probs`: p = softmax(z / temperature); `options`: p restricted to the options' tokens "
-    "(`mc-subspace`); `tokens`: generated-token metrics."
+    "(`mc-subspace`); `option-letters`: p restricted to ' a' .. ' d' (`mc-subspace` under the "
+    "`released-code` convention); `tokens`: generated-token metrics."
 )
 PROBE_METRIC_DESCRIPTION = (
     "`1-cos`: angular deviation 1 - cos(x, x + dx); `dpar` / `dperp`: ||dx|| parallel / orthogonal to x, "
-    "over ||x||; `kl`: KL(p_dense || p_pruned), summed over the vocabulary; `agree` / `prefix_agree`: "
+    "over ||x||; `alpha`: the signed scale of the parallel part, dx_par = alpha x; `kl`: KL summed over "
+    "the vocabulary, KL(p_dense || p_pruned) except per sublayer under the `released-code` convention, "
+    "where it is KL(p_pruned || p_dense); `agree` / `prefix_agree`: "
     "generated tokens equal at this step / at every step so far; `argmax_agree`: same top option."
 )
 
@@ -141,8 +150,14 @@ class ProbeJobCreate(ModelSpec):
         description=f"At most {MAX_PROBE_PROMPTS} prompts; null: the built-in set (multiple-choice, "
         "arithmetic and open-generation prompts).",
     )
-    temperature: float = Field(
-        1.0, gt=0.0, le=100.0, allow_inf_nan=False, description="T of p = softmax(z / T) and of sampling."
+    convention: ProbeConventionName = Field(DEFAULT_CONVENTION, description=CONVENTION_DESCRIPTION)
+    temperature: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description="T of p = softmax(z / T) and of sampling; null: the convention's default (1.0 for "
+        "`prunecast`, 0.5 for `released-code`). The stored request holds the value used.",
     )
     sublayers: list[ProbeSublayer] = Field(
         default_factory=_all_sublayers,
@@ -154,6 +169,17 @@ class ProbeJobCreate(ModelSpec):
         default_factory=ProbeGenerationSpec,
         description="Generation divergence; on (with its defaults) when omitted, null to skip it.",
     )
+
+    @model_validator(mode="after")
+    def _convention_temperature(self) -> ProbeJobCreate:
+        if self.temperature is None:
+            self.temperature = convention_named(self.convention).temperature
+        return self
+
+    @property
+    def probe_temperature(self) -> float:
+        """T as the probes use it: the request's, or its convention's default."""
+        return convention_named(self.convention).temperature if self.temperature is None else self.temperature
 
     @field_validator("artifact_job_id")
     @classmethod

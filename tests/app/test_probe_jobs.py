@@ -105,6 +105,37 @@ def test_probe_job_with_wanda_stores_every_probe_and_its_plots_render(
     assert report.status_code == 200 and report.text.count("<svg") >= 3
 
 
+def test_released_code_probe_reads_decoding_steps_at_its_own_temperature_and_keeps_apart(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    body = probe_body(str(tiny_model_dir), convention="released-code", generation={"max_new_tokens": 3})
+    job = api.post("/v1/jobs", json=body).json()
+    assert job["request"]["temperature"] == 0.5  # the convention's default, stored with the request
+    done = wait_done(api, job["id"], worker)
+    assert done["status"] == "succeeded", done.get("error")
+
+    points = all_points(api, job["id"])
+    assert {p["convention"] for p in points} == {"released-code"}
+    # only the last token of each decoding step: no prompt points, every generated step
+    assert {p["step"] for p in points if p["probe"] == "counterfactual"} == {0, 1, 2}
+    assert {"alpha", "dpar", "dperp"} <= {p["metric"] for p in points if p["space"] == "logits"}
+    spaces = {p["space"] for p in points if p["probe"] == "mc-subspace"}
+    assert spaces == {"probs", "options", "option-letters"}
+    summary = api.get(f"/v1/jobs/{job['id']}/probes").json()["summary"]
+    assert summary and {row["convention"] for row in summary} == {"released-code"}
+
+    [cost] = [r for r in job_results(api, job["id"]).values() if r["metric"] == "probe_cost_multiple"]
+    protocol = cost["protocol"]
+    assert protocol["convention"] == "released-code" and protocol["temperature"] == 0.5
+    assert protocol["convention_rules"]["sublayer_reference"] == "pruned"
+    assert "counterfactual on prompts" in protocol["skipped"]
+    svg = api.get(f"/v1/jobs/{job['id']}/probes/plot.svg", params={"view": "layers"})
+    assert svg.status_code == 200  # the decoding steps' mean per layer: no prompt points to draw
+    report = api.get(f"/v1/jobs/{job['id']}/report")
+    assert report.status_code == 200 and "counterfactual (decoding steps) [released-code]" in report.text
+
+
 def test_probe_job_reads_a_shortgpt_artifact_and_measures_the_removed_block_as_identity(
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:

@@ -139,6 +139,7 @@ def test_probe_method_needs_a_sparsity(api: TestClient, tiny_model_dir: Path) ->
         ({"temperature": 0}, "temperature"),
         ({"temperature": 101}, "temperature"),
         ({"sublayers": []}, "sublayers"),
+        ({"convention": "paper"}, "convention"),
         ({"sublayers": ["mlp", "mlp"]}, "sublayers"),
         ({"sublayers": ["head"]}, "sublayers"),
         ({"prompts": [{"text": ""}]}, "text"),
@@ -282,7 +283,8 @@ def fetch_all(
 
 
 def _strip(item: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in item.items() if key not in ("id", "job_id")}
+    assert item["convention"] == "prunecast"  # the seeded points name none: the store's default
+    return {key: value for key, value in item.items() if key not in ("id", "job_id", "convention")}
 
 
 def test_probes_pages_through_exactly_the_seeded_points_in_order(api: TestClient, clean_store: Store) -> None:
@@ -356,6 +358,17 @@ def test_summary_groups_by_probe_sublayer_space_and_metric_and_skips_points_with
     assert len(keys) == 12 == len(set(keys))
     assert {key[0] for key in keys} == {"counterfactual"}
     assert all(s["n"] == 4 for s in summary)
+
+
+def test_summary_never_pools_points_read_by_different_conventions() -> None:
+    def point(value: float, convention: str) -> EstimatedPoint:
+        return EstimatedPoint("counterfactual", "block", "probs", "kl", value, value * 1.1, False, convention)
+
+    rows = summarize([point(v, "prunecast") for v in (1.0, 2.0, 3.0)] + [point(9.0, "released-code")] * 3)
+    assert [(row.convention, row.n, row.mean_value) for row in rows] == [
+        ("prunecast", 3, 2.0),
+        ("released-code", 3, 9.0),
+    ]
 
 
 def test_summary_correlation_is_null_with_fewer_than_three_points_or_no_variance(

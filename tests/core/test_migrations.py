@@ -30,12 +30,13 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0008 added profile_linears, 0007 jobs.parent_id, 0006 the probe points' spread, 0005 the
-# profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
-BEFORE_0008 = {name: columns for name, columns in EXPECTED.items() if name != "profile_linears"}
+# Revision 0009 added probe_points.convention, 0008 profile_linears, 0007 jobs.parent_id, 0006 the
+# probe points' spread, 0005 the profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0009 = {**EXPECTED, "probe_points": EXPECTED["probe_points"] - {"convention"}}
+BEFORE_0008 = {name: columns for name, columns in BEFORE_0009.items() if name != "profile_linears"}
 BEFORE_0007 = {**BEFORE_0008, "jobs": EXPECTED["jobs"] - {"parent_id"}}
 SPREAD = {"n", "stderr", "value_min", "value_max"}
-BEFORE_0006 = {**BEFORE_0007, "probe_points": EXPECTED["probe_points"] - SPREAD}
+BEFORE_0006 = {**BEFORE_0007, "probe_points": BEFORE_0009["probe_points"] - SPREAD}
 BEFORE_0005 = {
     name: columns for name, columns in BEFORE_0006.items() if name not in ("profiles", "profile_signals")
 }
@@ -307,4 +308,35 @@ def test_profile_linears_migration_keeps_old_profiles_without_linears_and_downgr
     store = Store(url)
     with store.session() as session:
         assert session.scalar(text("SELECT count(*) FROM profiles")) == 1
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_convention_migration_reads_old_points_as_prunecast_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0008")
+    assert _schema(url) == BEFORE_0009
+    store = Store(url)
+    _insert_job(store, "job-1", "probe", status="succeeded")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO probe_points (job_id, probe, space, metric, value) "
+                "VALUES ('job-1', 'model', 'probs', 'kl', 0.01)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalars(select(ProbePoint)).one().convention == "prunecast"
+    store.dispose()
+    command.downgrade(alembic_config(url), "0008")
+    assert _schema(url) == BEFORE_0009
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalar(text("SELECT count(*) FROM probe_points")) == 1
     store.dispose()

@@ -7,17 +7,19 @@ Stages and the share of the job's progress each one covers:
                                 calibration windows), or an earlier prune job's artifact read back
     model            0.35-0.40  full forwards of both models on the prompts
     counterfactual   0.40-0.70  per layer and sublayer, on the dense input; detail "prompt-layer i/N"
-                                (N = prompts x layers)
-                                (skipped for sliced models: their hidden width differs)
+                                (N = prompts x layers); under the `released-code` convention only at
+                                the last token of each decoding step, the dense model sampling
+                                (skipped for sliced models without kept bases: their width differs)
     generation       0.70-0.95  greedy then sampled, both models; detail "prompt-step i/N"; with
                                 `generation.counterfactual_steps`, then the pruned model teacher-forced
                                 on the dense greedy text and the counterfactual at those decoding steps
     multiple choice  0.95-1.00  the option-token subspace of the multiple-choice prompts
 
-Stored: the probe points (`GET /v1/jobs/{id}/probes`), and one result `probe_cost_multiple`: the
-time of all probes as a multiple of one dense pass over the same prompts; its protocol has each
-probe's multiple (`cost_multiples`, e.g. the per-layer counterfactual's), the pruning, prompts,
-temperature, timings, and which probes were skipped and why.
+Stored: the probe points (`GET /v1/jobs/{id}/probes`), each with the job's convention
+(`core.probe_conventions`), and one result `probe_cost_multiple`: the time of all probes as a
+multiple of one dense pass over the same prompts; its protocol has each probe's multiple
+(`cost_multiples`, e.g. the per-layer counterfactual's), the convention and its rules, the pruning,
+prompts, temperature, timings, and which probes were skipped and why.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from sqlalchemy.orm import Session
 from transformers import PreTrainedModel
 
 from core.methods import METHODS, UNSTRUCTURED, result_method
+from core.probe_conventions import ProbeConvention, convention_named
 from core.specs.probe import ProbeJobCreate
 from core.tables import Artifact, Job, ProbePoint, Result
 from workers.context import JobContext, JobFailure
@@ -98,6 +101,7 @@ class ProbeRun:
     pruned: PrunedModel
     prompts: list[ProbePrompt]
     input_ids: list[torch.Tensor]  # one (T,) per prompt
+    convention: ProbeConvention
     records: list[ProbeRecord] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # probe -> why it did not run
     timings: dict[str, float] = field(default_factory=dict)
@@ -117,15 +121,19 @@ def run(context: JobContext) -> None:
         else list(BUILTIN_PROMPTS)
     )
     check_options(dense, prompts)  # before any pruning: a bad prompt fails the job at once
+    convention = convention_named(spec.convention)
     new_tokens = 0 if spec.generation is None else spec.generation.max_new_tokens
-    input_ids = [tokenize(dense, prompt.text, room=new_tokens) for prompt in prompts]
+    room = max(new_tokens, decoding_steps(spec, convention))
+    input_ids = [tokenize(dense, prompt.text, room=room) for prompt in prompts]
 
     pruned = (
         pruned_from_artifact(context, spec, dense)
         if spec.artifact_job_id is not None
         else pruned_in_job(context, spec, dense)
     )
-    probed = ProbeRun(context, spec, dense, pruned, prompts, input_ids, timings={**timings, **pruned.timings})
+    probed = ProbeRun(
+        context, spec, dense, pruned, prompts, input_ids, convention, timings={**timings, **pruned.timings}
+    )
     for probe in (probe_models, probe_counterfactual, probe_generation, probe_choices):
         probe(probed)
     probed.timings["total_s"] = lap(started)
@@ -137,7 +145,13 @@ def probe_models(probed: ProbeRun) -> None:
     context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
     started = time.perf_counter()
     context.report("model", PRUNE_END, f"{len(probed.input_ids)} prompts")
-    probed.records += model_probe(dense.model, pruned.model, probed.input_ids, temperature=spec.temperature)
+    probed.records += model_probe(
+        dense.model,
+        pruned.model,
+        probed.input_ids,
+        temperature=spec.probe_temperature,
+        convention=probed.convention,
+    )
     probed.timings["model_probe_s"] = lap(started)
     dense_module: torch.nn.Module = dense.model
     probed.timings["dense_pass_s"] = time_dense_pass(dense_module, probed.input_ids)
@@ -154,6 +168,12 @@ def probe_counterfactual(probed: ProbeRun) -> None:
         return
     if pruned.bases is not None and set(spec.sublayers) - {"block"}:
         probed.skipped["counterfactual sublayers"] = SLICED_SUBLAYERS_REASON
+    if probed.convention.decoding_steps_only:
+        probed.skipped["counterfactual on prompts"] = (
+            f"the {probed.convention.name} convention reads only the last token of each decoding step"
+        )
+        probe_decoding_counterfactual(probed, decoding_steps(spec, probed.convention))
+        return
     started = time.perf_counter()
     context.report("counterfactual", MODEL_END, "prompt-layer 0")
     probed.records += run_probe(
@@ -163,12 +183,48 @@ def probe_counterfactual(probed: ProbeRun) -> None:
         pruned.model,
         pruned.layer_map,
         probed.input_ids,
-        temperature=spec.temperature,
+        temperature=spec.probe_temperature,
         sublayers=tuple(spec.sublayers),
         bases=pruned.bases,
+        convention=probed.convention,
         progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
     )
     probed.timings["counterfactual_s"] = lap(started)
+
+
+def probe_decoding_counterfactual(probed: ProbeRun, steps: int) -> None:
+    """The local counterfactual at the last token of each of the first `steps` decoding steps, the
+    dense model driving (greedy, or sampled at T as the convention says)."""
+    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
+    started = time.perf_counter()
+    context.report("counterfactual", MODEL_END, f"at {steps} decoding steps")
+    probed.records += run_probe(
+        context,
+        decoding_counterfactual_probe,
+        dense.model,
+        pruned.model,
+        pruned.layer_map,
+        probed.input_ids,
+        max_new_tokens=steps,
+        temperature=spec.probe_temperature,
+        sublayers=tuple(spec.sublayers),
+        bases=pruned.bases,
+        convention=probed.convention,
+        seed=spec.sampling_seed,
+        progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
+    )
+    probed.timings["counterfactual_s"] = lap(started)
+
+
+def decoding_steps(spec: ProbeJobCreate, convention: ProbeConvention) -> int:
+    """Decoding steps the counterfactual reads: `generation.counterfactual_steps`; under a convention
+    that reads only decoding steps, every generated step when that is 0, and the prompt's last token
+    alone (step 0) without generation."""
+    if spec.generation is None:
+        return 1 if convention.decoding_steps_only else 0
+    if spec.generation.counterfactual_steps or not convention.decoding_steps_only:
+        return spec.generation.counterfactual_steps
+    return spec.generation.max_new_tokens
 
 
 def probe_generation(probed: ProbeRun) -> None:
@@ -186,8 +242,9 @@ def probe_generation(probed: ProbeRun) -> None:
         pruned.layer_map,
         probed.input_ids,
         max_new_tokens=spec.generation.max_new_tokens,
-        temperature=spec.temperature,
+        temperature=spec.probe_temperature,
         seed=spec.sampling_seed,
+        convention=probed.convention,
         progress=step_reporter(context, "generation", COUNTERFACTUAL_END, GENERATION_END, "prompt-step"),
     )
     probed.timings["generation_s"] = lap(started)
@@ -198,7 +255,8 @@ def probe_generation(probed: ProbeRun) -> None:
 def probe_decoding_steps(probed: ProbeRun, steps: int) -> None:
     """Along the dense model's greedy generation: the pruned model teacher-forced on it, and the
     local counterfactual at each of the first `steps` decoding steps (where the counterfactual runs
-    at all: a sliced model without bases has none)."""
+    at all: a sliced model without bases has none; a convention that reads only decoding steps ran
+    it in the counterfactual stage)."""
     context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
     started = time.perf_counter()
     context.report("generation", GENERATION_END, f"teacher-forced, {steps} steps")
@@ -209,9 +267,10 @@ def probe_decoding_steps(probed: ProbeRun, steps: int) -> None:
         pruned.model,
         probed.input_ids,
         max_new_tokens=steps,
-        temperature=spec.temperature,
+        temperature=spec.probe_temperature,
+        convention=probed.convention,
     )
-    if "counterfactual" not in probed.skipped:
+    if "counterfactual" not in probed.skipped and not probed.convention.decoding_steps_only:
         context.report("generation", GENERATION_END, f"counterfactual at {steps} decoding steps")
         probed.records += run_probe(
             context,
@@ -221,9 +280,10 @@ def probe_decoding_steps(probed: ProbeRun, steps: int) -> None:
             pruned.layer_map,
             probed.input_ids,
             max_new_tokens=steps,
-            temperature=spec.temperature,
+            temperature=spec.probe_temperature,
             sublayers=tuple(spec.sublayers),
             bases=pruned.bases,
+            convention=probed.convention,
         )
     probed.timings["decoding_steps_s"] = lap(started)
 
@@ -238,7 +298,12 @@ def probe_choices(probed: ProbeRun) -> None:
     started = time.perf_counter()
     context.report("multiple choice", GENERATION_END, f"{len(choice_prompts)} prompts")
     probed.records += mc_subspace_probe(
-        dense.model, pruned.model, dense.tokenizer, choice_prompts, temperature=spec.temperature
+        dense.model,
+        pruned.model,
+        dense.tokenizer,
+        choice_prompts,
+        temperature=spec.probe_temperature,
+        convention=probed.convention,
     )
     probed.timings["mc_subspace_s"] = lap(started)
 
@@ -255,7 +320,8 @@ def store_probes(probed: ProbeRun, model_id: str, environment: dict[str, Any]) -
             f"probe values are not finite ({', '.join(diverged[:5])}): the pruned model's outputs "
             "overflowed or are NaN; probe in float32, or prune less"
         )
-    context.add_probe_points([ProbePoint(**asdict(record)) for record in records])
+    convention = probed.convention
+    context.add_probe_points([ProbePoint(**asdict(record), convention=convention.name) for record in records])
     context.add_results(
         [
             Result(
@@ -275,7 +341,9 @@ def store_probes(probed: ProbeRun, model_id: str, environment: dict[str, Any]) -
                     "prompt_tokens": sum(int(ids.numel()) for ids in input_ids),
                     "prompts_sha256": prompts_sha256(prompts),
                     "builtin_prompts": not spec.prompts,
-                    "temperature": spec.temperature,
+                    "convention": convention.name,
+                    "convention_rules": convention.rules(),
+                    "temperature": spec.probe_temperature,
                     "sublayers": list(spec.sublayers),
                     "measuring_points": {name: MEASURING_POINTS[name] for name in spec.sublayers},
                     "generation": None if spec.generation is None else spec.generation.model_dump(),

@@ -7,8 +7,10 @@ original, in the embedding, logits and probability spaces.
 - `generation_probe`: greedy and sampled generation, each model on its own trajectory, per step.
 - `mc_subspace_probe`: multiple-choice prompts, full vocabulary versus the option tokens.
 
-The math lives in `workers.probing.deviation`; KL is always KL(dense || pruned), summed over the
-vocabulary, in nats.
+The math lives in `workers.probing.deviation`; KL is summed over the vocabulary, in nats, and is
+KL(dense || pruned) except per sublayer under the `released-code` convention, where it is
+KL(pruned || dense). Every probe takes a `convention` (`core.probe_conventions`): the rules its
+numbers are read by, the paper's text by default (docs/science.md §3).
 """
 
 from workers.probing.counterfactual import (

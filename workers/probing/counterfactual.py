@@ -31,6 +31,10 @@ Shifts y vs y' are measured in the embedding space, in logits lm_head(final_norm
 model's final norm and head read both: the logit lens of layer l) and in probabilities. The first
 position of each prompt is left out of every mean: it carries the attention sink's massive
 activation, whose scale swamps the other tokens.
+
+Under the `released-code` convention (`core.probe_conventions`) the logit lens is the dense
+lm_head alone, in the model's dtype, and the probability space takes the pruned distribution as
+its reference: KL(q || p), with the estimates Var_q(dz) / (2 T^2) and r proportional to q^2.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.probing.common import (
     block_hidden,
     family_adapters,
@@ -56,7 +61,7 @@ from workers.probing.deviation import (
     probability_deviations,
     vector_deviations,
 )
-from workers.probing.head import Float32Head
+from workers.probing.head import LogitReader, lens_head
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
 from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.portable.sliced_modules import get_path, set_path
@@ -275,12 +280,14 @@ def counterfactual_probe(
     sublayers: Sequence[str] = SUBLAYERS,
     bases: Sequence[torch.Tensor] | None = None,
     step_positions: Sequence[list[int]] | None = None,
+    convention: ProbeConvention = PRUNECAST,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> list[ProbeRecord]:
     """Per dense layer and sublayer, the shift of the layer's output when only that sublayer is
     pruned, on the dense input. Records at probe "counterfactual": embedding and logits spaces
-    ("1-cos" with estimate, "dpar", "dperp") and probs space ("1-cos", "kl", with estimates).
+    ("1-cos" with estimate, "dpar", "dperp", "alpha") and probs space ("1-cos", "kl", with
+    estimates), read as `convention` says (module docstring).
 
     `step_positions[i]` (one list per prompt) measures prompt i only at those positions, the j-th as
     decoding step j (`decoding.decoding_counterfactual_probe`); without it, every position but the first,
@@ -305,7 +312,7 @@ def counterfactual_probe(
     else:
         plan = _plan(adapter, dense_blocks, pruned_blocks, layer_map, sublayers)
     sums = RecordSums("counterfactual")
-    head = Float32Head(adapter, dense)
+    reading = _Reading(lens_head(adapter, dense, convention), temperature, convention.sublayer_reference)
     total, done = len(input_ids) * len(dense_blocks), 0
     for index, ids in enumerate(input_ids):
         positions = None if step_positions is None else step_positions[index]
@@ -329,8 +336,8 @@ def counterfactual_probe(
             if at_mid:  # the attention against the dense mid-stream, the rest against the output
                 assert call.mid is not None  # captured for every sequential block
                 attention = {"attention": outputs.pop("attention")}
-                _measure(sums, head, layer, call.mid, attention, temperature, positions)
-            _measure(sums, head, layer, call.output, outputs, temperature, positions)
+                _measure(sums, reading, layer, call.mid, attention, positions)
+            _measure(sums, reading, layer, call.output, outputs, positions)
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -373,13 +380,27 @@ def _sublayer_output(
         return call.run(hybrid)
 
 
+class _Reading:
+    """How a layer's outputs are read: the logit lens, T, and which distribution is the reference."""
+
+    def __init__(self, head: LogitReader, temperature: float, reference: str) -> None:
+        self.head, self.temperature, self.reference = head, temperature, reference
+
+    def probabilities(
+        self, z: torch.Tensor, z2: torch.Tensor, dense: DistributionReference | None
+    ) -> list[TokenDeviation]:
+        """ "1-cos" and "kl" of dense logits z against pruned z2, from the convention's reference."""
+        if self.reference == "pruned":  # KL(q || p), estimates weighted by q
+            return probability_deviations(z2, z, self.temperature)
+        return probability_deviations(z, z2, self.temperature, dense)
+
+
 def _measure(
     sums: RecordSums,
-    head: Float32Head,
+    reading: _Reading,
     layer: int,
     output: torch.Tensor,
     counterfactuals: dict[str, torch.Tensor],
-    temperature: float,
     positions: list[int] | None = None,
 ) -> None:
     """Add the shifts output -> each counterfactual at one layer: over every position but the first,
@@ -393,15 +414,18 @@ def _measure(
     steps = None if positions is None else list(range(len(positions)))
     for sublayer, y2 in shifted.items():
         _add(sums, "embedding", vector_deviations(y, y2, hidden), layer, sublayer, steps)
+    head = reading.head
     for rows in token_chunks(y.shape[0], head.vocab):
         z = head(y[rows])  # (n, V) float32: the dense logits of this layer, shared by every sublayer
-        logits, distribution = VectorReference.of(z), DistributionReference.of(z, temperature)
+        logits = VectorReference.of(z)
+        distribution = None
+        if reading.reference == "dense":
+            distribution = DistributionReference.of(z, reading.temperature)
         chunk_steps = None if steps is None else steps[rows]
         for sublayer, y2 in shifted.items():
             z2 = z if counterfactuals[sublayer] is output else head(y2[rows])  # same: y' = y
             _add(sums, "logits", vector_deviations(z, z2, logits), layer, sublayer, chunk_steps)
-            deviations = probability_deviations(z, z2, temperature, distribution)
-            _add(sums, "probs", deviations, layer, sublayer, chunk_steps)
+            _add(sums, "probs", reading.probabilities(z, z2, distribution), layer, sublayer, chunk_steps)
 
 
 def _add(

@@ -10,7 +10,9 @@ accumulated in float64 (`RecordSums`). Three spaces:
 - embedding h (a hidden state after a block) and logits z = lm_head(final_norm(h)): vectors
   compared by angle, "1-cos" = 1 - cos(x, x + dx), with the Taylor estimate
   ||dx_perp||^2 / (2 ||x||^2); and the split of dx into the part along x and the part orthogonal
-  to it, "dpar" = ||dx_par|| / ||x|| and "dperp" = ||dx_perp|| / ||x||.
+  to it, dx = alpha x + dx_perp: "alpha" (signed: below 0 the pruned vector shrinks along x),
+  "dpar" = ||dx_par|| / ||x|| = |alpha| and "dperp" = ||dx_perp|| / ||x||, as the authors' code
+  reports them beside the cosine.
 - probabilities p = softmax(z / T) (dense) and q = softmax(z' / T) (pruned): "1-cos" with the
   estimate Var_r(dz) / (2 T^2), r_i = p_i^2 / sum_j p_j^2; and "kl" = KL(p || q)
   = sum_i p_i (log p_i - log q_i), dense first, SUMMED over the vocabulary, in nats, with the
@@ -44,7 +46,7 @@ def _safe(norm: torch.Tensor) -> torch.Tensor:
 class TokenDeviation:
     """One metric for a set of tokens."""
 
-    metric: str  # "1-cos" | "dpar" | "dperp" | "kl"
+    metric: str  # "1-cos" | "dpar" | "dperp" | "alpha" | "kl"
     values: torch.Tensor  # (N,) the exact value per token
     estimates: torch.Tensor | None  # (N,) Taylor estimate per token, where one exists
 
@@ -159,13 +161,14 @@ def kl_estimate(z: torch.Tensor, z2: torch.Tensor, temperature: float = 1.0) -> 
 def vector_deviations(
     x: torch.Tensor, x2: torch.Tensor, reference: VectorReference | None = None
 ) -> list[TokenDeviation]:
-    """ "1-cos" (with its estimate), "dpar" and "dperp" for hidden states or logits, per row.
+    """ "1-cos" (with its estimate), "dpar", "dperp" and "alpha" for hidden states or logits, per row.
     `reference` (VectorReference.of(x)) saves preparing x again when it is compared several times."""
     dense = VectorReference.of(x) if reference is None else reference
     x2 = x2.to(dense.x.dtype)  # (N, D)
     dx = x2 - dense.x
     along = (dx * dense.unit).sum(dim=-1, keepdim=True)  # (N, 1): dx_par = along * unit
-    parallel = along.squeeze(-1).abs() / dense.norm.squeeze(-1)
+    alpha = along.squeeze(-1) / dense.norm.squeeze(-1)  # dx_par = alpha * x
+    parallel = alpha.abs()
     perpendicular = (dx - along * dense.unit).norm(dim=-1) / dense.norm.squeeze(-1)
     unit2 = x2 / _safe(x2.norm(dim=-1, keepdim=True))
     one_minus_cosine = 0.5 * (dense.unit - unit2).pow(2).sum(dim=-1)
@@ -173,6 +176,7 @@ def vector_deviations(
         TokenDeviation("1-cos", one_minus_cosine, perpendicular.pow(2) / 2),
         TokenDeviation("dpar", parallel, None),
         TokenDeviation("dperp", perpendicular, None),
+        TokenDeviation("alpha", alpha, None),
     ]
 
 

@@ -4,17 +4,19 @@
   the first (the attention sink's), and the final hidden state (before the final norm) when the
   two residual streams are comparable (not sliced).
 - `mc_subspace_probe`: for multiple-choice prompts, the next-token distribution at the last
-  position over the full vocabulary and restricted to the option tokens (renormalised).
+  position over the full vocabulary and restricted to the option tokens (renormalised); under the
+  `released-code` convention also restricted to the tokens " a" .. " d", as the authors' code does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.accuracy import last_logits_only
 from workers.probing.common import (
     capture_final_hidden,
@@ -24,7 +26,7 @@ from workers.probing.common import (
     token_chunks,
 )
 from workers.probing.deviation import kl_divergence, kl_estimate, probability_deviations, vector_deviations
-from workers.probing.head import Float32Head
+from workers.probing.head import output_head
 from workers.probing.prompts import ProbePrompt
 from workers.probing.records import ProbeRecord, RecordSums
 from workers.slicing.adapters import FamilyAdapter
@@ -32,15 +34,21 @@ from workers.slicing.adapters import FamilyAdapter
 
 @torch.no_grad()
 def model_probe(
-    dense: nn.Module, pruned: nn.Module, input_ids: list[torch.Tensor], *, temperature: float = 1.0
+    dense: nn.Module,
+    pruned: nn.Module,
+    input_ids: list[torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    convention: ProbeConvention = PRUNECAST,
 ) -> list[ProbeRecord]:
     """Records at probe "model", layer None: logits space ("1-cos" with estimate, "dpar",
-    "dperp"), probs space ("1-cos", "kl", with estimates), and the embedding space of the final
-    hidden state when the residual streams are comparable."""
+    "dperp", "alpha"), probs space ("1-cos", "kl", with estimates), and the embedding space of the
+    final hidden state when the residual streams are comparable. KL(dense || pruned) in every
+    convention; the logits are read as the convention reads the model's output."""
     adapter, pruned_adapter = family_adapters(dense, pruned)
     comparable = residual_mismatch(adapter, dense, pruned) is None
-    dense_head = Float32Head(adapter, dense)
-    pruned_head = Float32Head(pruned_adapter, pruned, dense_head.device)
+    dense_head = output_head(adapter, dense, convention=convention)
+    pruned_head = output_head(pruned_adapter, pruned, dense_head.device, convention)
     sums = RecordSums("model")
     for ids in input_ids:
         h = final_hidden(adapter, dense, ids)[1:]  # (T-1, D): the attention sink's position left out
@@ -80,6 +88,15 @@ def option_token_ids(tokenizer: Any, options: tuple[str, ...]) -> list[int]:
     raise ValueError(f"options {options!r} do not start with distinct tokens; cannot restrict to them")
 
 
+def letter_token_ids(tokenizer: Any, letters: tuple[str, ...]) -> list[int]:
+    """The token of each letter string as the authors' code takes it: the last token of its
+    encoding (" a" -> one token in byte-level vocabularies). ValueError if two share a token."""
+    encoded = [_encode(tokenizer, letter, special=False) for letter in letters]
+    if not all(encoded) or len({ids[-1] for ids in encoded}) != len(letters):
+        raise ValueError(f"option letters {letters!r} do not end in distinct tokens")
+    return [ids[-1] for ids in encoded]
+
+
 @torch.no_grad()
 def mc_subspace_probe(
     dense: nn.Module,
@@ -88,14 +105,19 @@ def mc_subspace_probe(
     prompts: list[ProbePrompt],
     *,
     temperature: float = 1.0,
+    convention: ProbeConvention = PRUNECAST,
 ) -> list[ProbeRecord]:
     """Records at probe "mc-subspace", means over the prompts that have options: space "probs"
-    (full vocabulary) and space "options" (option tokens only, renormalised), each with "kl"
-    (KL(dense || pruned), with estimate) and "argmax_agree" (1 where both models' most likely
-    token is the same). Prompts without options are ignored."""
+    (full vocabulary), space "options" (the prompt's option tokens only, renormalised) and, where
+    the convention names option letters, space "option-letters" (those tokens, renormalised), each
+    with "kl" (KL(dense || pruned) in every convention, with estimate) and "argmax_agree" (1 where
+    both models' most likely token is the same). Prompts without options are ignored."""
     adapter, pruned_adapter = family_adapters(dense, pruned)
-    dense_head = Float32Head(adapter, dense)
-    pruned_head = Float32Head(pruned_adapter, pruned, dense_head.device)
+    dense_head = output_head(adapter, dense, convention=convention)
+    pruned_head = output_head(pruned_adapter, pruned, dense_head.device, convention)
+    letters = None
+    if convention.option_letters is not None:
+        letters = letter_token_ids(tokenizer, convention.option_letters)
     scored = []
     for prompt in prompts:
         if not prompt.options:
@@ -103,23 +125,27 @@ def mc_subspace_probe(
         ids = torch.tensor(_encode(tokenizer, prompt.text, special=True), dtype=torch.long)
         z = dense_head(final_hidden(adapter, dense, ids)[-1:])  # (1, V) float32
         z2 = pruned_head(final_hidden(pruned_adapter, pruned, ids)[-1:])
-        scored.append((z, z2, option_token_ids(tokenizer, prompt.options)))
+        subspaces = {"options": option_token_ids(tokenizer, prompt.options)}
+        if letters is not None:
+            subspaces["option-letters"] = letters
+        scored.append((z, z2, subspaces))
     return mc_subspace_records(scored, temperature)
 
 
 def mc_subspace_records(
-    scored: Sequence[tuple[torch.Tensor, torch.Tensor, list[int]]], temperature: float = 1.0
+    scored: Sequence[tuple[torch.Tensor, torch.Tensor, Mapping[str, list[int]]]], temperature: float = 1.0
 ) -> list[ProbeRecord]:
     """`mc_subspace_probe`'s records from each prompt's next-token scores (dense, pruned, each (1, V))
-    and its option tokens."""
+    and its subspaces (space name -> token ids)."""
     sums = RecordSums("mc-subspace")
-    for z, z2, option_ids in scored:
-        options = torch.tensor(option_ids, device=z.device)
+    for z, z2, subspaces in scored:
         z2 = z2.to(z.device)
-        for space, dense_scores, pruned_scores in (
-            ("probs", z, z2),
-            ("options", z[:, options], z2[:, options]),  # softmax over these = p restricted, renormalised
-        ):
+        restricted = [("probs", z, z2)]
+        for space, token_ids in subspaces.items():
+            tokens = torch.tensor(token_ids, device=z.device)
+            # softmax over these = p restricted, renormalised
+            restricted.append((space, z[:, tokens], z2[:, tokens]))
+        for space, dense_scores, pruned_scores in restricted:
             sums.add(
                 space,
                 "kl",

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.accuracy import cache_argument, last_logits_only
 from workers.probing.common import capture_last_positions, family_adapters, model_device, residual_mismatch
 from workers.probing.counterfactual import check_layer_map
 from workers.probing.deviation import probability_deviations, vector_deviations
-from workers.probing.head import Float32Head
+from workers.probing.head import output_head
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
 from workers.slicing.adapters import FamilyAdapter
 
@@ -66,12 +67,20 @@ class StepState:
 class Runner:
     """Runs one model token by token with its KV cache, capturing hidden states at the newest position."""
 
-    def __init__(self, model: nn.Module, adapter: FamilyAdapter, *, hidden: bool, stack: ExitStack) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        adapter: FamilyAdapter,
+        *,
+        hidden: bool,
+        stack: ExitStack,
+        convention: ProbeConvention = PRUNECAST,
+    ) -> None:
         self.model = model
         self.device = model_device(model)
         self.hidden = hidden
         self._found = stack.enter_context(capture_last_positions(adapter, model, blocks=hidden))
-        self._head = Float32Head(adapter, model)
+        self._head = output_head(adapter, model, convention=convention)
         self._cache_name = cache_argument(model)
         self._keep = last_logits_only(model)  # the logits are read from the final hidden state
         self._cache: Any = None
@@ -134,10 +143,12 @@ def generation_probe(
     max_new_tokens: int = 32,
     temperature: float = 1.0,
     seed: int = 0,
+    convention: ProbeConvention = PRUNECAST,
     progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> list[ProbeRecord]:
-    """Records at probes "generation-greedy" and "generation-sampled", per step (see the module doc)."""
+    """Records at probes "generation-greedy" and "generation-sampled", per step (see the module doc);
+    the logits read as the convention reads the model's output."""
     adapter, pruned_adapter = family_adapters(dense, pruned)
     check_layer_map(layer_map, len(adapter.blocks(dense)), len(pruned_adapter.blocks(pruned)))
     comparable = residual_mismatch(adapter, dense, pruned) is None
@@ -145,8 +156,8 @@ def generation_probe(
     total, done = len(MODES) * len(input_ids) * max_new_tokens, 0
     records: list[ProbeRecord] = []
     with ExitStack() as stack:
-        dense_runner = Runner(dense, adapter, hidden=comparable, stack=stack)
-        pruned_runner = Runner(pruned, pruned_adapter, hidden=comparable, stack=stack)
+        dense_runner = Runner(dense, adapter, hidden=comparable, stack=stack, convention=convention)
+        pruned_runner = Runner(pruned, pruned_adapter, hidden=comparable, stack=stack, convention=convention)
         for mode in MODES:
             sums = RecordSums(f"generation-{mode}")
             for index, prompt in enumerate(input_ids):

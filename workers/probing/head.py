@@ -8,6 +8,11 @@ slice of the vocabulary at a time, so that a 128k-token vocabulary never needs a
 of the head (VOCAB_CHUNK rows x D at a time); a head already in float32 is read in one GEMM.
 Logit soft-capping (Gemma-2) is applied as the model applies it. A test checks that in float32
 this equals the model's own logits, and that in bf16 it removes the floor.
+
+The `released-code` probe convention (`core.probe_conventions`) reads otherwise, as the authors'
+code does: `NativeHead` applies the head in the model's own dtype, at the output after the final
+norm (the model's own logits), at intermediate layers straight to the hidden state (no final norm).
+`lens_head` and `output_head` pick the reader a convention asks for.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import copy
 import torch
 from torch import nn
 
+from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.slicing.adapters import FamilyAdapter
 
 VOCAB_CHUNK = 16_384  # head rows cast to float32 at once: 16k x 4096 x 4 B = 256 MB at most
@@ -67,6 +73,72 @@ class Float32Head:
         if self.softcap:
             return torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+class NativeHead:
+    """hidden (n, D) -> logits (n, V) read in the model's dtype (returned as float32 for the deviation
+    math), with or without the final norm: how the authors' released code reads them."""
+
+    def __init__(
+        self,
+        adapter: FamilyAdapter,
+        model: nn.Module,
+        device: torch.device | None = None,
+        *,
+        final_norm: bool,
+    ) -> None:
+        head = adapter.lm_head(model)
+        self.weight = head.weight.detach()  # (V, D) in the model's dtype
+        self.bias = None if head.bias is None else head.bias.detach()
+        self.device = self.weight.device if device is None else device
+        self.norm = (
+            _without_hooks(copy.deepcopy(adapter.final_norm(model))).to(self.weight.device)
+            if final_norm
+            else None
+        )
+        config = getattr(model, "config", None)
+        # soft-capping belongs to the model's own logits, not to a bare lm_head reading
+        self.softcap = getattr(config, "final_logit_softcapping", None) if final_norm else None
+
+    @property
+    def vocab(self) -> int:
+        return int(self.weight.shape[0])
+
+    @torch.no_grad()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.to(device=self.weight.device, dtype=self.weight.dtype)  # (n, D)
+        if self.norm is not None:
+            x = self.norm(x)
+        logits = nn.functional.linear(x, self.weight, self.bias)  # (n, V) in the model's dtype
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.to(device=self.device, dtype=torch.float32)
+
+
+LogitReader = Float32Head | NativeHead
+
+
+def lens_head(
+    adapter: FamilyAdapter, model: nn.Module, convention: ProbeConvention = PRUNECAST
+) -> LogitReader:
+    """The reader of intermediate hidden states (the logit lens of a layer) under `convention`."""
+    if convention.float32_head:
+        if not convention.lens_final_norm:
+            raise ValueError(f"convention {convention.name!r}: no float32 reader without the final norm")
+        return Float32Head(adapter, model)
+    return NativeHead(adapter, model, final_norm=convention.lens_final_norm)
+
+
+def output_head(
+    adapter: FamilyAdapter,
+    model: nn.Module,
+    device: torch.device | None = None,
+    convention: ProbeConvention = PRUNECAST,
+) -> LogitReader:
+    """The reader of the final hidden state (the model's next-token logits) under `convention`."""
+    if convention.float32_head:
+        return Float32Head(adapter, model, device)
+    return NativeHead(adapter, model, device, final_norm=True)
 
 
 def _without_hooks(module: nn.Module) -> nn.Module:

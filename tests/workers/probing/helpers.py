@@ -41,7 +41,7 @@ def prompt_ids(count: int = 2, length: int = 9, seed: int = 0, vocab: int = 256)
 
 
 def reference_metrics(x: torch.Tensor, x2: torch.Tensor) -> dict[str, tuple[float, float | None]]:
-    """Mean over rows of 1-cos (F.cosine_similarity), dpar, dperp, written out independently."""
+    """Mean over rows of 1-cos (F.cosine_similarity), dpar, dperp and alpha, written out independently."""
     x, x2 = x.double(), x2.double()
     dx = x2 - x
     one_minus_cos = 1 - torch.nn.functional.cosine_similarity(x, x2, dim=-1)
@@ -53,6 +53,7 @@ def reference_metrics(x: torch.Tensor, x2: torch.Tensor) -> dict[str, tuple[floa
         "1-cos": (float(one_minus_cos.mean()), float((across.norm(dim=-1) ** 2 / (2 * norm**2)).mean())),
         "dpar": (float((along.norm(dim=-1) / norm).mean()), None),
         "dperp": (float((across.norm(dim=-1) / norm).mean()), None),
+        "alpha": (float(((dx * x).sum(-1) / norm**2).mean()), None),
     }
 
 

@@ -40,7 +40,7 @@ def test_embedding_and_logit_cosine_estimate_converges_linearly_in_epsilon() -> 
     direction = torch.randn(64, 32, generator=generator, dtype=torch.float64)
     exact, estimate = [], []
     for eps in EPSILONS:
-        one_minus_cos, _, _ = vector_deviations(x, x + eps * direction * x.norm(dim=-1, keepdim=True) / 6)
+        one_minus_cos, *_ = vector_deviations(x, x + eps * direction * x.norm(dim=-1, keepdim=True) / 6)
         assert one_minus_cos.metric == "1-cos" and one_minus_cos.estimates is not None
         exact.append(one_minus_cos.values)
         estimate.append(one_minus_cos.estimates)

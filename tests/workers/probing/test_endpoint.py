@@ -40,7 +40,7 @@ def test_model_probe_matches_hand_computation_on_full_forwards(load_model: Loade
     points = {(r.space, r.metric): r for r in records}
     assert all(r.probe == "model" and r.layer is None and r.step is None for r in records)
     assert set(points) == {
-        (space, metric) for space in ("embedding", "logits") for metric in ("1-cos", "dpar", "dperp")
+        (space, metric) for space in ("embedding", "logits") for metric in ("1-cos", "dpar", "dperp", "alpha")
     } | {("probs", "1-cos"), ("probs", "kl")}
     finals: dict[str, list[torch.Tensor]] = {"dense": [], "pruned": []}
     logits: dict[str, list[torch.Tensor]] = {"dense": [], "pruned": []}
@@ -96,7 +96,7 @@ def test_mc_subspace_probe_on_a_hand_checkable_case() -> None:
         (
             torch.tensor(p).log()[None],
             torch.tensor(q).log()[None],
-            option_token_ids(tokenizer, prompt.options),
+            {"options": option_token_ids(tokenizer, prompt.options)},
         )
         for prompt in prompts
         if prompt.options  # what mc_subspace_probe scores: the prompts with options
