@@ -68,6 +68,7 @@ from workers.probing import (
     option_token_ids,
 )
 from workers.probing.decoding import decoding_counterfactual_probe, teacher_forced_probe
+from workers.probing.records import ProgressCallback
 from workers.pruners import ARTIFACT_PRUNERS, PruneOptions, block_count, pruner_for
 
 LOAD_END = 0.05
@@ -193,13 +194,22 @@ def probe_counterfactual(probed: ProbeRun) -> None:
 
 
 def probe_decoding_counterfactual(probed: ProbeRun, steps: int) -> None:
+    """The counterfactual stage of a convention that reads only decoding steps."""
+    started = time.perf_counter()
+    probed.context.report("counterfactual", MODEL_END, f"at {steps} decoding steps")
+    progress = step_reporter(probed.context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer")
+    probed.records += decoding_counterfactual(probed, steps, progress)
+    probed.timings["counterfactual_s"] = lap(started)
+
+
+def decoding_counterfactual(
+    probed: ProbeRun, steps: int, progress: ProgressCallback | None = None
+) -> list[ProbeRecord]:
     """The local counterfactual at the last token of each of the first `steps` decoding steps, the
     dense model driving (greedy, or sampled at T as the convention says)."""
-    context, spec, dense, pruned = probed.context, probed.spec, probed.dense, probed.pruned
-    started = time.perf_counter()
-    context.report("counterfactual", MODEL_END, f"at {steps} decoding steps")
-    probed.records += run_probe(
-        context,
+    spec, dense, pruned = probed.spec, probed.dense, probed.pruned
+    return run_probe(
+        probed.context,
         decoding_counterfactual_probe,
         dense.model,
         pruned.model,
@@ -211,9 +221,8 @@ def probe_decoding_counterfactual(probed: ProbeRun, steps: int) -> None:
         bases=pruned.bases,
         convention=probed.convention,
         seed=spec.sampling_seed,
-        progress=step_reporter(context, "counterfactual", MODEL_END, COUNTERFACTUAL_END, "prompt-layer"),
+        progress=progress,
     )
-    probed.timings["counterfactual_s"] = lap(started)
 
 
 def decoding_steps(spec: ProbeJobCreate, convention: ProbeConvention) -> int:
@@ -272,19 +281,7 @@ def probe_decoding_steps(probed: ProbeRun, steps: int) -> None:
     )
     if "counterfactual" not in probed.skipped and not probed.convention.decoding_steps_only:
         context.report("generation", GENERATION_END, f"counterfactual at {steps} decoding steps")
-        probed.records += run_probe(
-            context,
-            decoding_counterfactual_probe,
-            dense.model,
-            pruned.model,
-            pruned.layer_map,
-            probed.input_ids,
-            max_new_tokens=steps,
-            temperature=spec.probe_temperature,
-            sublayers=tuple(spec.sublayers),
-            bases=pruned.bases,
-            convention=probed.convention,
-        )
+        probed.records += decoding_counterfactual(probed, steps)
     probed.timings["decoding_steps_s"] = lap(started)
 
 

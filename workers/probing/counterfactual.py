@@ -41,12 +41,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from core.probe_conventions import PRUNECAST, ProbeConvention
+from core.probe_conventions import PRUNECAST, ProbeConvention, Reference
 from workers.probing.common import (
     block_hidden,
     family_adapters,
@@ -380,11 +381,13 @@ def _sublayer_output(
         return call.run(hybrid)
 
 
+@dataclass(frozen=True)
 class _Reading:
     """How a layer's outputs are read: the logit lens, T, and which distribution is the reference."""
 
-    def __init__(self, head: LogitReader, temperature: float, reference: str) -> None:
-        self.head, self.temperature, self.reference = head, temperature, reference
+    head: LogitReader
+    temperature: float
+    reference: Reference
 
     def probabilities(
         self, z: torch.Tensor, z2: torch.Tensor, dense: DistributionReference | None
