@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from app.deps import Services, require_token
@@ -100,7 +101,9 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
             queue.close()
             store.dispose()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc served from the package's own copies, never from a CDN: the machines the
+    # service runs on often have no internet access, and a CDN-loaded /docs is then a blank page.
+    app = FastAPIOffline(
         title="prunecast",
         version="0.1.0",
         description=DESCRIPTION,
