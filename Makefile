@@ -6,7 +6,7 @@ PORT ?= 8000
 export PRUNECAST_DATA_DIR ?= $(abspath ../shared/data)
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run test lint install install-dev
+.PHONY: run test test-fast lint fmt typecheck install install-dev
 
 install:
 	scripts/bootstrap.sh runtime
@@ -23,6 +23,19 @@ lint: install-dev
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+
+## fmt: format and fix what ruff can (imports, simple rewrites)
+fmt: install-dev
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .
+
+## typecheck: mypy, as strict as pyproject.toml says (every def typed, no unused ignores)
+typecheck: install-dev
+	.venv/bin/mypy
+
+## test-fast: the suite without PostgreSQL, Redis or a real model (tests marked services or slow)
+test-fast: install-dev
+	.venv/bin/pytest -q -m "not slow and not services" $(PYTEST_ARGS)
 
 ## test: install (Python and Debian packages), start PostgreSQL and Redis if down, lint, run the suite
 test: install-dev

@@ -36,6 +36,16 @@ from core.tables import Base
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("PRUNECAST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_BASE_URL = os.environ.get("PRUNECAST_TEST_REDIS", "redis://127.0.0.1:6379")
+SERVICE_FIXTURES = frozenset({"pg_url", "redis_url", "scratch_pg_url"})
+"""A test that asks for any of these (directly or through another fixture) talks to the services."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `services` every test that reaches PostgreSQL or Redis through a fixture, so that
+    `make test-fast` (-m "not services and not slow") can leave them out without a list to keep."""
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
 
 
 def default_data_dir() -> Path:

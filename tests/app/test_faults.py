@@ -33,7 +33,10 @@ from tests.app.live_server import live_server
 from tests.app.test_jobs_api import evaluate_body
 from tests.conftest import WorkerProcess, wait_for
 
-pytestmark = pytest.mark.skipif(shutil.which("pg_createcluster") is None, reason="needs pg_createcluster")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("pg_createcluster") is None, reason="needs pg_createcluster"),
+    pytest.mark.services,  # its own PostgreSQL and Redis instances
+]
 
 LONG_RUN = {"max_windows": 800, "seqlen": 16}  # ~5-30 s of tiny windows: caught mid-run
 OUTLIVING_RUN = {"max_windows": 2400, "seqlen": 16}  # runs on past an outage of OUTAGE_S

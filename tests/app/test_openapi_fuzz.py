@@ -26,6 +26,7 @@ from tests.conftest import scratch_database
 TOKEN = "fuzz-token-0123456789abcdef"
 EXAMPLES_PER_OPERATION = 200
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+pytestmark = pytest.mark.services  # its own scratch database and the shared Redis
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def test_released_code_reads_layers_through_the_bare_head_with_kl_from_the_prune
     pruned = prune_copy(dense)
     [ids] = prompt_ids(count=1, length=12)
     y, y2 = _block0_outputs(dense, pruned, ids)
-    head = dense.lm_head.weight.double()
+    head = dense.lm_head.weight.detach().double()
     bare, bare2 = y @ head.T, y2 @ head.T  # lm_head(h): no final norm
     norm = dense.model.norm
     with torch.no_grad():
