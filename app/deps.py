@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -65,7 +65,28 @@ def require_token(
         raise ProblemError(
             401, "send 'Authorization: Bearer <token>'", slug="unauthorized", headers=challenge
         )
+    if not _valid(credentials, tokens):
+        raise ProblemError(401, "the bearer token is not valid", slug="unauthorized", headers=challenge)
+
+
+def _valid(credentials: HTTPAuthorizationCredentials, tokens: Sequence[str]) -> bool:
     # Header values arrive decoded as latin-1; compared as bytes, a non-ASCII token is just wrong.
     presented = credentials.credentials.encode("latin-1")
-    if not any(hmac.compare_digest(presented, token.encode()) for token in tokens):
-        raise ProblemError(401, "the bearer token is not valid", slug="unauthorized", headers=challenge)
+    return any(hmac.compare_digest(presented, token.encode()) for token in tokens)
+
+
+def is_trusted(
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> bool:
+    """True when the caller may see internals (exception classes, addresses): no tokens are
+    configured, or it sent a valid one. For public endpoints that say more to a trusted caller."""
+    tokens = services.settings.api_tokens
+    if not tokens:
+        return True
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        return False
+    return _valid(credentials, tokens)
+
+
+TrustedDep = Annotated[bool, Depends(is_trusted)]

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.deps import ServicesDep
+from app.deps import ServicesDep, TrustedDep
 from app.problems import ProblemError, problem_responses
 from app.schemas.health import Health
 
@@ -22,21 +22,23 @@ def healthz() -> Health:
 @router.get(
     "/readyz", response_model=Health, responses=problem_responses({503: "Store or queue unreachable"})
 )
-def readyz(services: ServicesDep) -> Health:
+def readyz(services: ServicesDep, trusted: TrustedDep) -> Health:
     """Readiness: the store and the queue are reachable (a 503 problem naming the failing check
-    otherwise, with `checks` as on success)."""
+    otherwise, with `checks` as on success). It stays public when API tokens are set; only a caller
+    with a valid token (or any caller, with no tokens set) is told why a check failed, since the
+    reason can name the exception and the queue's address."""
     checks: dict[str, str] = {}
     try:
         with services.store.session() as session:
             session.execute(text("SELECT 1"))
         checks["store"] = "ok"
     except Exception as error:
-        checks["store"] = f"unavailable: {type(error).__name__}"
+        checks["store"] = f"unavailable: {type(error).__name__}" if trusted else "unavailable"
     try:
         services.queue.ping()
         checks["queue"] = "ok"
     except Exception as error:
-        checks["queue"] = f"unavailable: {error}"
+        checks["queue"] = f"unavailable: {error}" if trusted else "unavailable"
     failing = sorted(name for name, value in checks.items() if value != "ok")
     if failing:
         raise ProblemError(

@@ -187,6 +187,18 @@ def test_readyz_reports_unreachable_queue(make_settings: Any, clean_store: Any) 
         assert response.json()["checks"]["queue"].startswith("unavailable")
 
 
+def test_readyz_tells_only_a_trusted_caller_why_a_check_failed(make_settings: Any, clean_store: Any) -> None:
+    settings = make_settings(
+        database_url=clean_store.url, redis_url="redis://127.0.0.1:1/0", api_tokens=["ready-token-0123456789"]
+    )
+    with TestClient(create_app(settings, start_background=False)) as client:
+        public = client.get("/readyz")
+        trusted = client.get("/readyz", headers={"Authorization": "Bearer ready-token-0123456789"})
+    assert public.status_code == 503 and public.json()["checks"] == {"store": "ok", "queue": "unavailable"}
+    assert "127.0.0.1" not in public.text and "Error" not in public.text
+    assert trusted.status_code == 503 and "127.0.0.1:1" in trusted.json()["checks"]["queue"]
+
+
 def test_submit_survives_a_queue_outage_and_the_job_stays_queued(
     make_settings: Any, clean_store: Any, tiny_model_dir: Path
 ) -> None:
