@@ -89,9 +89,14 @@ def _figure(profile: StoredProfile, rule: str | None = None) -> Figure:
         "share of token energy discarded (log)",
         extent=(widths[0] - half, widths[-1] + half, len(shares) - 0.5, -0.5),
     )
-    for sparsity, width in zip(profile.row.sparsities, profile.row.widths, strict=True):
+    for width in profile.row.widths:
         ax.axvline(width, color="#1f5fa8", linewidth=0.8, alpha=0.7)
-        ax.text(width, -0.8, f"s={sparsity:g}", color="#1f5fa8", fontsize=7, ha="center", va="bottom")
+    # The profile's sparsities label their widths on a top axis of their own, which the constrained
+    # layout keeps clear of the title (text placed in data space ran into it).
+    top = ax.secondary_xaxis("top")
+    labels = [f"s={sparsity:g}" for sparsity in profile.row.sparsities]
+    top.set_xticks(list(profile.row.widths), labels, fontsize=7, color="#1f5fa8")
+    top.tick_params(axis="x", colors="#1f5fa8", length=2)
     ticks = list(range(0, len(shares), max(1, math.ceil(len(shares) / 12))))
     ax.set_yticks(ticks, [profile.signals[i].name for i in ticks], fontsize=7)
     ax.set_xlabel("kept width d")
