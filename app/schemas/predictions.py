@@ -323,6 +323,10 @@ class CurvePointPublic(BaseModel):
     high: float | None = None
 
 
+class AnswerPointPublic(CurvePointPublic):
+    rung: str | None = Field(None, description="The rung that answered here (see POST /v1/predictions).")
+
+
 class CurvePublic(BaseModel):
     """Measured points and both laws over a sparsity grid, for one model, method, metric, protocol."""
 
@@ -357,4 +361,9 @@ class CurvePublic(BaseModel):
     )
     anchored: list[CurvePointPublic] | None = Field(
         None, description="The simulated curve scaled through that job's anchors (null without anchors)."
+    )
+    answer: list[AnswerPointPublic] | None = Field(
+        None,
+        description="Perplexity: what POST /v1/predictions answers at each sparsity of the grid (rung "
+        "`best`), with its band and the rung it came from; the line the plot draws boldest.",
     )

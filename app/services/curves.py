@@ -3,11 +3,19 @@ and the job report's curve sections)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 from app.deps import Services
 from app.problems import ProblemError
-from app.schemas.predictions import CurvePointPublic, CurvePublic
+from app.schemas.predictions import (
+    AnswerPointPublic,
+    CurvePointPublic,
+    CurvePublic,
+    PredictionCreate,
+    PredictionPublic,
+    ProtocolSelector,
+)
+from app.services.predictions import create_prediction
 from app.services.profiles import newest_profiles, predict_before_pruning
 from app.services.series import (
     CURVE_GRID,
@@ -74,7 +82,43 @@ def load_curve(
             curve.simulation_job_id = simulated.job_id
             curve.simulated, curve.anchored = simulated.face, simulated.anchored
             curve.notes.append(simulated.describe)
+        curve.answer = _answer_curve(services, series, level)
     return curve
+
+
+def _answer_curve(services: Services, series: Series, level: float) -> list[AnswerPointPublic] | None:
+    """What a prediction answers on the curve grid (every rung, the best first), so that the drawn
+    curve shows the number a user is told; None where the prediction has no answer to give."""
+    body = PredictionCreate(
+        model=series.model,
+        method=series.method,
+        protocol=ProtocolSelector(
+            dataset="wikitext2",
+            seqlen=series.seqlen,
+            max_windows="all" if series.max_windows is None else series.max_windows,  # None: the whole split
+            dtype=cast(Any, series.dtype),
+        ),
+        sparsities=[s for s in CURVE_GRID if s > 0.0],
+        level=level,
+    )
+    try:
+        response = create_prediction(body, services)
+    except ProblemError:
+        return None
+    if response.status_code != 200:
+        return None
+    [metric] = PredictionPublic.model_validate_json(bytes(response.body)).metrics
+    return [
+        AnswerPointPublic(
+            sparsity=p.sparsity,
+            value=p.value,
+            low=None if p.band is None else p.band[0],
+            high=None if p.band is None else p.band[1],
+            rung=p.rung,
+        )
+        for p in metric.predictions
+        if p.value is not None
+    ]
 
 
 def _profile_curve(

@@ -26,6 +26,7 @@ CALIBRATED_COLOR = "#1f5fa8"
 PROFILE_COLOR = "#2e8b57"
 SIMULATED_COLOR = "#d35400"
 ANCHORED_COLOR = "#7d3c98"
+ANSWER_COLOR = "#0b7a75"
 
 _configured = False
 
@@ -95,8 +96,9 @@ def figure(curve: CurvePublic) -> Figure:
         ax.yaxis.set_minor_formatter(NullFormatter())
     if curve.calibrated:
         xs = [p.sparsity for p in curve.calibrated]
-        lo = [p.low if p.low is not None else low for p in curve.calibrated]
-        hi = [p.high if p.high is not None else high for p in curve.calibrated]
+        # no band where the law is not drawn (short of an affine law's first fitted point)
+        lo = [math.nan if p.value is None else low if p.low is None else p.low for p in curve.calibrated]
+        hi = [math.nan if p.value is None else high if p.high is None else p.high for p in curve.calibrated]
         ax.fill_between(
             xs, lo, hi, color=CALIBRATED_COLOR, alpha=0.18, linewidth=0, label=f"{curve.level:.0%} band"
         )
@@ -112,6 +114,7 @@ def figure(curve: CurvePublic) -> Figure:
         label = f"from the profile ({curve.profile_predictor})"
         ax.plot(xs, ys, color=PROFILE_COLOR, linewidth=1.8, linestyle="-.", label=label)
     _simulated(ax, curve, low, high)
+    _answer(ax, curve, low, high)
     if curve.strict:
         xs = [p.sparsity for p in curve.strict]
         ys = [p.value if p.value is not None else math.nan for p in curve.strict]
@@ -152,6 +155,21 @@ def _simulated(ax: Any, curve: CurvePublic, low: float, high: float) -> None:
     if curve.anchored:
         xs, ys = _from_dense(dense, curve.anchored)
         ax.plot(xs, ys, color=ANCHORED_COLOR, marker="s", markersize=4, label="simulated, anchored")
+
+
+def _answer(ax: Any, curve: CurvePublic, low: float, high: float) -> None:
+    """What POST /v1/predictions answers along the grid, from the dense point: the boldest line, with
+    its band, labelled with the rungs it came from."""
+    if not curve.answer:
+        return
+    dense = [(p.sparsity, p.value) for p in curve.measured if p.sparsity == 0.0][:1]
+    xs = [p.sparsity for p in curve.answer]
+    lo = [p.low if p.low is not None else math.nan for p in curve.answer]
+    hi = [p.high if p.high is not None else math.nan for p in curve.answer]
+    ax.fill_between(xs, lo, hi, color=ANSWER_COLOR, alpha=0.10, linewidth=0)
+    rungs = ", ".join(dict.fromkeys(str(p.rung) for p in curve.answer))
+    xs, ys = _from_dense(dense, curve.answer)
+    ax.plot(xs, ys, color=ANSWER_COLOR, linewidth=2.6, label=f"the answer ({rungs})", zorder=4)
 
 
 def _from_dense(dense: list[tuple[float, float]], points: list[Any]) -> tuple[list[float], list[float]]:

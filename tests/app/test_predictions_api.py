@@ -307,6 +307,26 @@ def test_curve_json_has_measured_points_both_laws_and_a_band(api: TestClient, cl
     assert curve["calibration"]["law"] in ("alpha", "affine")
 
 
+def test_a_curve_draws_the_answer_a_prediction_gives_with_its_rung(
+    api: TestClient, clean_store: Store
+) -> None:
+    add_series(clean_store, OPT, OPT_125M_DENSE, [(0.1, 29.33), (0.2, 34.53)])
+    curve = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "method": "slicegpt"}).json()
+    answer = {p["sparsity"]: p for p in curve["answer"]}
+    assert answer[0.1]["rung"] == "measured" and answer[0.1]["value"] == pytest.approx(29.33)
+    body = {"model": OPT, "method": "slicegpt", "sparsities": [0.25, 0.5]}
+    predicted = api.post("/v1/predictions", json=body).json()["metrics"][0]["predictions"]
+    for point in predicted:  # the very number a user is told, band and rung included
+        drawn = answer[point["sparsity"]]
+        assert (drawn["value"], [drawn["low"], drawn["high"]], drawn["rung"]) == (
+            point["value"],
+            point["band"],
+            point["rung"],
+        )
+    svg = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "format": "svg"}).text
+    assert "the answer (law, measured)" in svg  # its rungs, in the order the grid meets them
+
+
 def test_a_drawn_affine_law_never_passes_through_a_dense_value_it_contradicts(
     api: TestClient, clean_store: Store
 ) -> None:
@@ -323,6 +343,24 @@ def test_a_drawn_affine_law_never_passes_through_a_dense_value_it_contradicts(
     assert any("not anchored at the dense point" in note for note in curve["notes"])
     svg = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "format": "svg"})
     assert svg.status_code == 200
+
+
+def test_an_affine_law_answers_short_of_its_first_point_from_the_dense_value(
+    api: TestClient, clean_store: Store
+) -> None:
+    """Its free intercept puts the law at 36 at s = 0 where the dense model measures 30 (and it can
+    fall below 30): short of the first fitted point the answer is ln PPL interpolated from dense."""
+    ppl0, a, b = 30.0, 0.45, 0.5
+    add_series(
+        clean_store, OPT, ppl0, [(s, ppl0 ** (1 / (a + b * (1 - s)))) for s in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    )
+    body = {"model": OPT, "method": "slicegpt", "sparsities": [0.05, 0.1, 0.15]}
+    [at_05, at_10, at_15] = api.post("/v1/predictions", json=body).json()["metrics"][0]["predictions"]
+    assert at_10["rung"] == "measured" and at_05["rung"] == "law"
+    law = next(e for e in at_10["alternatives"] if e["rung"] == "law")["value"]
+    assert at_05["value"] == pytest.approx(ppl0 * (law / ppl0) ** 0.5)
+    assert ppl0 < at_05["value"] < at_10["value"] and "interpolated_from_dense" in at_05["flags"]
+    assert "interpolated_from_dense" not in at_15["flags"]
 
 
 def test_curve_svg_parses_as_xml_and_png_has_the_png_signature(api: TestClient, clean_store: Store) -> None:
