@@ -43,11 +43,11 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from workers.architectures import match_structure  # noqa: E402
 from workers.evaluate import perplexity  # noqa: E402
 from workers.offload import offload, suspended  # noqa: E402
 from workers.probing.endpoint import model_probe  # noqa: E402
 from workers.pruning import prune_model  # noqa: E402
-from workers.slicing.adapters import match_structure  # noqa: E402
 from workers.slicing.engine import slice_model  # noqa: E402
 
 SMOLLM2 = {  # SmolLM2-135M's architecture (config.json of HuggingFaceTB/SmolLM2-135M)

@@ -2,7 +2,7 @@
 
 This module deliberately imports nothing heavy (no torch, no transformers): the HTTP side calls
 `family_from_config` and `refusal_reason` at submit time to reject a job before it is queued.
-The engine side recognises a loaded model by its module structure (`workers.slicing.adapters`),
+The engine side recognises a loaded model by its module structure (`workers.architectures`),
 and uses the same family names and the same refusal texts, so both sides say the same thing.
 """
 

@@ -15,6 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from core.param_count import sliced_width
+
+if TYPE_CHECKING:
+    from core.tables import Profile
 
 CALIBRATION_KEYS = ("corpus", "data_sha256", "seed", "num_sequences", "seqlen")
 """Calibration record keys that identify the windows: a profile predicts the prunings (sweep points,
@@ -324,3 +330,47 @@ def sibling_methods(method: str) -> tuple[str, ...]:
         for other in METHOD_FEATURES.values()
         if other.method != method and other.names == entry.names
     )
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    """A `profiles` row with its signals read as spectra and its linears' mask errors."""
+
+    row: Profile
+    signals: list[SignalSpectrum]
+    linears: list[LinearErrors] = field(default_factory=list)
+
+    @property
+    def calibration(self) -> dict[str, Any]:
+        calibration: dict[str, Any] = self.row.protocol.get("calibration", {})
+        return calibration
+
+    @property
+    def round_to(self) -> int:
+        return int(self.row.protocol.get("round_to", 8))
+
+    def width(self, sparsity: float) -> int:
+        return sliced_width(self.row.hidden_size, sparsity, self.round_to)
+
+    def offers(self, method: str) -> bool:
+        """Whether this profile predicts `method`: slicing needs a model slicing takes, the intra-layer
+        methods need mask errors of their rule."""
+        entry = METHOD_FEATURES.get(method)
+        if entry is None:
+            return False
+        if entry.rule is None:
+            return not self.row.protocol.get("slicing_refusal") and bool(self.signals)
+        return self.offers_rule(entry.rule)
+
+    def offers_rule(self, rule: str) -> bool:
+        return any(rule in linear.errors for linear in self.linears)
+
+    def feature(self, method: str, name: str, sparsity: float) -> float:
+        """F_name for `method` at `sparsity` (slicing's: at the sliced width); ValueError outside the
+        profiled range, or for a method the profile does not offer."""
+        if not self.offers(method):
+            raise ValueError(f"this profile does not predict {method}")
+        rule = METHOD_FEATURES[method].rule
+        if rule is None:
+            return feature_value(name, self.signals, self.width(sparsity))
+        return mask_feature_value(name, self.linears, rule, sparsity)

@@ -150,3 +150,28 @@ def test_the_portable_code_exported_checkpoints_carry_needs_only_torch_and_trans
             if top not in PORTABLE_THIRD_PARTY and top not in sys.stdlib_module_names:
                 outside.append(f"{name}:{line} imports {module}")
     assert outside == []
+
+
+def test_views_draw_what_they_are_given_and_never_import_services() -> None:
+    reaching = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for path, tree in sources("app")
+        if "views" in path.relative_to(REPO_ROOT / "app").parts[:1]
+        for line, module in imported_modules(tree)
+        if module.startswith("app.services")
+    ]
+    assert reaching == []
+
+
+def test_model_structure_is_read_through_the_architectures_package_alone() -> None:
+    """Outside `workers/architectures/`, code imports the package, never one of its modules."""
+    home = REPO_ROOT / "workers" / "architectures"
+    reaching = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for package in (*PACKAGES, "tests", "bench")
+        for path, tree in sources(package)
+        if home not in path.parents
+        for line, module in imported_modules(tree)
+        if module.startswith("workers.architectures.")
+    ]
+    assert reaching == []

@@ -20,14 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-if TYPE_CHECKING:  # the adapters import torch-heavy slicing modules; only their type is needed here
-    from workers.slicing.adapters import FamilyAdapter
+from workers.architectures import FamilyAdapter
 
 BlockCall = tuple[tuple[Any, ...], dict[str, Any]]  # a block's other positional and keyword arguments
 

@@ -32,9 +32,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from core.model_sources import ModelSource, assembled_gguf
 from core.settings import Settings
+from workers.architectures import UnsupportedArchitectureError, match_structure
 from workers.host_weights import HostWeights, choose_home, read_into_memory
 from workers.offload import MemoryPlan, OffloadError, offload, plan_memory
-from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 from workers.slicing.artifacts import is_per_layer_sliced, load_sliced
 
 DTYPES: dict[str, torch.dtype] = {

@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT, STOCK_LAYOUT, Method, MethodKind
+from workers.architectures import detect_family, match_structure
 from workers.pruning import PruningReport, PruningStopped, load_pruned, prune_model, save_pruned
-from workers.slicing.adapters import detect_family, match_structure
 from workers.slicing.artifacts import WEIGHTS_FILE, load_bases, load_sliced, read_slicing_config, save_sliced
 from workers.slicing.engine import SlicingReport, SlicingStopped, slice_model
 from workers.slicing.stock import slice_model_stock

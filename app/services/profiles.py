@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -58,7 +58,6 @@ from core.backtests import (
     law_prior,
 )
 from core.model_sources import ModelSourceError, resolve_model
-from core.param_count import sliced_width
 from core.prediction import records
 from core.prediction.records import Verdict, verdict
 from core.prediction.registry import PROFILE_PREDICTORS
@@ -68,8 +67,7 @@ from core.profiles import (
     LensMeans,
     LinearErrors,
     SignalSpectrum,
-    feature_value,
-    mask_feature_value,
+    StoredProfile,
     sibling_methods,
 )
 from core.published import PUBLISHED
@@ -83,50 +81,6 @@ def calibration_key(calibration: dict[str, Any] | None) -> CalibrationKey:
     """What identifies calibration windows: the `CALIBRATION_KEYS` values of a record."""
     calibration = calibration or {}
     return tuple(calibration.get(key) for key in CALIBRATION_KEYS)
-
-
-@dataclass(frozen=True)
-class StoredProfile:
-    """A `profiles` row with its signals read as spectra and its linears' mask errors."""
-
-    row: Profile
-    signals: list[SignalSpectrum]
-    linears: list[LinearErrors] = field(default_factory=list)
-
-    @property
-    def calibration(self) -> dict[str, Any]:
-        calibration: dict[str, Any] = self.row.protocol.get("calibration", {})
-        return calibration
-
-    @property
-    def round_to(self) -> int:
-        return int(self.row.protocol.get("round_to", 8))
-
-    def width(self, sparsity: float) -> int:
-        return sliced_width(self.row.hidden_size, sparsity, self.round_to)
-
-    def offers(self, method: str) -> bool:
-        """Whether this profile predicts `method`: slicing needs a model slicing takes, the intra-layer
-        methods need mask errors of their rule."""
-        entry = METHOD_FEATURES.get(method)
-        if entry is None:
-            return False
-        if entry.rule is None:
-            return not self.row.protocol.get("slicing_refusal") and bool(self.signals)
-        return self.offers_rule(entry.rule)
-
-    def offers_rule(self, rule: str) -> bool:
-        return any(rule in linear.errors for linear in self.linears)
-
-    def feature(self, method: str, name: str, sparsity: float) -> float:
-        """F_name for `method` at `sparsity` (slicing's: at the sliced width); ValueError outside the
-        profiled range, or for a method the profile does not offer."""
-        if not self.offers(method):
-            raise ValueError(f"this profile does not predict {method}")
-        rule = METHOD_FEATURES[method].rule
-        if rule is None:
-            return feature_value(name, self.signals, self.width(sparsity))
-        return mask_feature_value(name, self.linears, rule, sparsity)
 
 
 def stored_profile(row: Profile) -> StoredProfile:

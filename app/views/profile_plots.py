@@ -10,8 +10,8 @@ import io
 import math
 from typing import TYPE_CHECKING
 
-from app.services.profiles import StoredProfile
 from app.views.curve_plots import load_matplotlib
+from core.profiles import StoredProfile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.workers.pruning.tiny import build, calibration
+from workers.architectures import match_structure
 from workers.offload import OffloadError, module_bytes, offload, offloaded, plan_memory, suspended
 from workers.pruning import prune_model
-from workers.slicing.adapters import match_structure
 from workers.slicing.engine import slice_model
 
 CPU = torch.device("cpu")

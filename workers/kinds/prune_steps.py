@@ -29,6 +29,7 @@ from core.specs.common import AccuracySpec, CalibrationSpec
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.specs.simulate import SimulateJobCreate
 from core.tables import Artifact, Result
+from workers.architectures import UnsupportedArchitectureError, match_structure
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
@@ -54,7 +55,6 @@ from workers.kinds.steps import (
 from workers.loading import LoadedModel
 from workers.offload import suspended
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
-from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 from workers.task_scoring import ScoredTask
 
 # Results that describe the model rather than a measurement on data carry this dataset name.

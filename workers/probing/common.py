@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.slicing.adapters import FamilyAdapter, match_structure
+from workers.architectures import FamilyAdapter, match_structure
 from workers.slicing.portable.sliced_modules import WrappedBlock
 
 LOGIT_CHUNK_BYTES = 32 * 2**20  # one (tokens x vocab) float64 tensor; about 8 live at once: ~256 MB

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention, Reference
+from workers.architectures import FamilyAdapter
 from workers.probing.common import (
     block_hidden,
     family_adapters,
@@ -64,7 +65,6 @@ from workers.probing.deviation import (
 )
 from workers.probing.head import LogitReader, lens_head
 from workers.probing.records import ProbeRecord, ProbeStopped, ProgressCallback, RecordSums, StopCheck
-from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.portable.sliced_modules import get_path, set_path
 
 SUBLAYERS = ("attention", "mlp", "block")

@@ -18,6 +18,7 @@ from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.accuracy import last_logits_only
+from workers.architectures import FamilyAdapter
 from workers.probing.common import (
     capture_final_hidden,
     family_adapters,
@@ -29,7 +30,6 @@ from workers.probing.deviation import kl_divergence, kl_estimate, probability_de
 from workers.probing.head import output_head
 from workers.probing.prompts import ProbePrompt
 from workers.probing.records import ProbeRecord, RecordSums
-from workers.slicing.adapters import FamilyAdapter
 
 
 @torch.no_grad()

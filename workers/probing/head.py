@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention
-from workers.slicing.adapters import FamilyAdapter
+from workers.architectures import FamilyAdapter
 
 VOCAB_CHUNK = 16_384  # head rows cast to float32 at once: 16k x 4096 x 4 B = 256 MB at most
 

@@ -64,6 +64,12 @@ from transformers import PreTrainedModel
 
 from core.param_count import sliced_width
 from core.profiles import MASK_RULES, signal_name
+from workers.architectures import (
+    FamilyAdapter,
+    UnsupportedArchitectureError,
+    detect_family,
+    match_structure,
+)
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
 from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_with_nll_increase
@@ -73,12 +79,6 @@ from workers.profiling.nested_lens import AffineNorm, NestedWidthLogits
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder
 from workers.pruning.stream import run_block
-from workers.slicing.adapters import (
-    FamilyAdapter,
-    UnsupportedArchitectureError,
-    detect_family,
-    match_structure,
-)
 from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
 from workers.slicing.fusion import hidden_width
 from workers.slicing.pca import SecondMoment

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from core.methods import METHODS, MethodKind, methods_of
+from workers.architectures import FamilyAdapter, match_structure
 from workers.block_inputs import home_device
 from workers.pruning import layer_drop, shortgpt
 from workers.pruning.linears import block_linears, prunable_counts
@@ -32,7 +33,6 @@ from workers.pruning.stream import (
     check_calibration,
     walk_blocks,
 )
-from workers.slicing.adapters import FamilyAdapter, match_structure
 
 
 @dataclass

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.architectures import FamilyAdapter, UnsupportedArchitectureError
 from workers.block_inputs import BlockBatch
 from workers.pruning.stream import ProgressCallback, StopCheck, run_block, token_cosines, walk_blocks
-from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError
 from workers.slicing.portable.sliced_modules import BRANCHES, submodule
 from workers.slicing.portable.sliced_weights import bias_of, tensor_of
 

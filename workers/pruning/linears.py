@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workers.slicing.adapters import FamilyAdapter
+from workers.architectures import FamilyAdapter
 from workers.slicing.portable.sliced_weights import weight_out_in
 
 __all__ = ["block_linears", "prunable_counts", "weight_out_in"]

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder, InputStatistic, NewStatistic
 from workers.pruning.stream import ProgressCallback, StopCheck, run_block, walk_blocks
-from workers.slicing.adapters import FamilyAdapter
 
 PruneLinear = Callable[[nn.Module, Any], torch.Tensor]  # (linear, its statistic) -> prune mask (out, in)
 

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch
 from workers.pruning.stream import ProgressCallback, StopCheck, run_block, token_cosines, walk_blocks
-from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.portable.sliced_modules import set_path
 
 PER_LAYER_CONFIG_LISTS = ("layer_types",)  # config fields holding one entry per layer

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch, capture_block_inputs, move_to
-from workers.slicing.adapters import FamilyAdapter
 
 ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
 StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block

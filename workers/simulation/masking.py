@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch
 from workers.pruning.linears import block_linears, weight_out_in
 from workers.pruning.masks import UNSTRUCTURED
@@ -33,7 +34,6 @@ from workers.pruning.rules import LinearRule
 from workers.pruning.sequential import input_statistics
 from workers.pruning.stream import run_block, walk_blocks
 from workers.simulation.tracks import ProgressCallback, StopCheck, Track
-from workers.slicing.adapters import FamilyAdapter
 
 
 @dataclass

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch, move_to
 from workers.pruning.stream import walk_blocks
 from workers.simulation.tracks import ProgressCallback, StopCheck, Track
-from workers.slicing.adapters import FamilyAdapter
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
 from workers.slicing.stock import DEFAULT_POOLING, pooled_moment

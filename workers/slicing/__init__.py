@@ -7,7 +7,7 @@ can use `families` and `param_count` without loading torch):
   (torch-free; for submit-time checks).
 - `core.param_count`: `sliced_width`, `predict_dense_param_count`,
   `predict_sliced_param_count` (torch-free).
-- `workers.slicing.adapters`: `FamilyAdapter`, `detect_family`, `adapter_for_family`.
+- `workers.architectures`: `FamilyAdapter`, `detect_family`, `adapter_for_family`.
 - `workers.slicing.engine`: `slice_model` -> `SlicingReport`, `SlicingStopped` (the per-layer layout).
 - `workers.slicing.stock`: `slice_model_stock`, the stock layout (one shared basis; the model stays
   the family's own architecture at hidden_size d).

@@ -44,9 +44,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from core.families import family_from_config
 from core.methods import STOCK_LAYOUT
+from workers.architectures import adapter_for_family
 from workers.artifact_description import read_description, write_description
 from workers.slicing import portable
-from workers.slicing.adapters import adapter_for_family
 from workers.slicing.engine import SlicingReport
 from workers.slicing.portable.modeling_prunecast_sliced import (
     AUTO_MAP,

@@ -60,13 +60,12 @@ from core.families import head_must_be_sliced, head_sliced_by_default, unsupport
 from core.methods import PER_LAYER_LAYOUT
 from core.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
 from workers.allocator import release_free_memory
+from workers.architectures import FamilyAdapter, UnsupportedArchitectureError, config_dict, detect_family
 from workers.block_inputs import BlockBatch as _Batch
 from workers.block_inputs import BlockCall, split_sequences
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
-from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
-from workers.slicing.adapters.base import config_dict
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import (

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures import FamilyAdapter
 from workers.slicing.portable.modeling_prunecast_sliced import replace_block_norms
 from workers.slicing.portable.sliced_modules import RMSNormNoScale, norm_epsilon
 from workers.slicing.weights import centre_embedding, centre_writer, fold_norm_into_readers

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures import FamilyAdapter
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.portable.sliced_weights import bias_of
 from workers.slicing.weights import project_output_norm, rotate_embedding, rotate_readers, rotate_writers

@@ -46,9 +46,8 @@ from transformers import PreTrainedModel
 from core.families import stock_layout_refusal, unsupported_message
 from core.methods import STOCK_LAYOUT
 from core.param_count import predict_dense_param_count, predict_stock_param_count, sliced_width, stock_config
+from workers.architectures import FamilyAdapter, UnsupportedArchitectureError, config_dict, detect_family
 from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
-from workers.slicing.adapters import FamilyAdapter, UnsupportedArchitectureError, detect_family
-from workers.slicing.adapters.base import config_dict
 from workers.slicing.engine import (
     ProgressCallback,
     SlicedWidths,

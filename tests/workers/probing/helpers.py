@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from workers.slicing.adapters import match_structure
+from workers.architectures import match_structure
 from workers.slicing.portable.sliced_modules import get_path
 
 

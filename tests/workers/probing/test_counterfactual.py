@@ -18,8 +18,8 @@ from tests.workers.probing.helpers import (
     reference_metrics,
     reference_probability_metrics,
 )
+from workers.architectures import match_structure
 from workers.probing import ProbeRecord, ProbeStopped, common, counterfactual_probe
-from workers.slicing.adapters import match_structure
 from workers.slicing.portable.sliced_modules import get_path, set_path
 
 TEMPERATURE = 1.5

@@ -10,10 +10,10 @@ import torch
 from transformers import PreTrainedModel
 
 from tests.workers.probing.helpers import prompt_ids
+from workers.architectures import match_structure
 from workers.probing.deviation import kl_divergence
 from workers.probing.endpoint import final_hidden
 from workers.probing.head import VOCAB_CHUNK, Float32Head
-from workers.slicing.adapters import match_structure
 
 Loader = Callable[[str], PreTrainedModel]
 

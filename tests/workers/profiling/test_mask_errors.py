@@ -12,11 +12,11 @@ from transformers import PreTrainedModel
 
 from core.profiles import MASK_RULES
 from tests.workers.pruning.tiny import build, calibration
+from workers.architectures import match_structure
 from workers.profiling import profile_model
 from workers.pruning.linears import block_linears, weight_out_in
 from workers.pruning.magnitude import prune_linear_by_magnitude
 from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
-from workers.slicing.adapters import match_structure
 
 SPARSITIES = [0.25, 0.5]
 

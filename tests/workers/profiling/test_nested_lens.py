@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from tests.workers.slicing.tiny import HIDDEN, build, relative_error, token_ids
+from workers.architectures import match_structure
 from workers.probing.head import Float32Head
 from workers.profiling import profile_model
 from workers.profiling.nested_lens import AffineNorm, NestedWidthLogits
-from workers.slicing.adapters import match_structure
 
 
 @pytest.fixture(autouse=True)

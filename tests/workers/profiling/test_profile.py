@@ -9,9 +9,9 @@ from transformers import PreTrainedModel
 
 from core.profiles import LensMeans, SignalSpectrum
 from tests.workers.slicing.tiny import build, token_ids
+from workers.architectures import detect_family
 from workers.probing.deviation import probability_deviations
 from workers.profiling import ProfileStopped, SignalProfile, profile_model
-from workers.slicing.adapters import detect_family
 
 
 @pytest.fixture(autouse=True)

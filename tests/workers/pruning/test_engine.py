@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.workers.pruning.tiny import build, calibration, weights_by_name
+from workers.architectures import match_structure
 from workers.block_inputs import capture_block_inputs, home_device
 from workers.pruning import PruningStopped, load_pruned, prune_model, save_pruned
 from workers.pruning.engine import count_parameters
-from workers.slicing.adapters import match_structure
 
 
 @pytest.mark.parametrize(

@@ -208,9 +208,9 @@ def test_statistics_in_row_chunks_with_padding_zeroed_equal_the_whole_selection(
 
 
 def test_linears_reading_one_input_share_one_statistic() -> None:
+    from workers.architectures import match_structure
     from workers.pruning.sequential import input_statistics
     from workers.pruning.stream import capture
-    from workers.slicing.adapters import match_structure
 
     model = build("llama")
     adapter = match_structure(model)

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from tests.workers.pruning.tiny import build, calibration, scale_writers
+from workers.architectures import UnsupportedArchitectureError, match_structure
 from workers.pruning import prune_model
 from workers.pruning.engine import count_parameters
-from workers.slicing.adapters import UnsupportedArchitectureError, match_structure
 
 
 def _zero_output(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> Any:

@@ -12,13 +12,13 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tests.workers.pruning.tiny import MIXED, build, calibration, scale_writers
+from workers.architectures import match_structure
 from workers.block_inputs import capture_block_inputs, home_device
 from workers.pruning import prune_model, save_pruned
 from workers.pruning.engine import ENGINES
 from workers.pruning.linears import block_linears, weight_out_in
 from workers.pruning.sparsegpt import HessianAccumulator, sparsegpt_prune
 from workers.pruning.wanda import FeatureSquares, prune_linear_by_wanda
-from workers.slicing.adapters import match_structure
 
 CASES = tuple(MIXED)
 

@@ -12,8 +12,8 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from tests.workers.slicing.tiny import _COMMON, _DECODER, CONFIGS, build_from_config, token_ids
+from workers.architectures import match_structure
 from workers.pruning.linears import block_linears, weight_out_in
-from workers.slicing.adapters import match_structure
 
 __all__ = [
     "MIXED",

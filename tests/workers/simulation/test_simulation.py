@@ -11,10 +11,10 @@ import torch
 from transformers import PreTrainedModel
 
 from tests.workers.slicing.tiny import FAMILY_CASES, build, mean_nll, token_ids
+from workers.architectures import match_structure
 from workers.offload import offload
 from workers.pruning import prune_model
 from workers.simulation import ANCHOR, SIMULATED, SimulationOptions, SimulationReport, simulate_curve
-from workers.slicing.adapters import match_structure
 from workers.slicing.engine import slice_model
 from workers.slicing.stock import slice_model_stock
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.workers.slicing.fresh_reload import greedy, reload_fresh, write_inputs
 from tests.workers.slicing.tiny import FAMILY_CASES, build, relative_error, token_ids
-from workers.slicing.adapters.gemma import GemmaAdapter
+from workers.architectures import GemmaAdapter
 from workers.slicing.artifacts import load_sliced, save_sliced
 from workers.slicing.engine import count_parameters, slice_model
 from workers.slicing.portable.sliced_modules import FamilyLayout

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from core.families import family_from_config, refusal_reason, stock_layout_refusal, supported_families_text
 from core.param_count import predict_sliced_param_count, sliced_width
 from tests.workers.slicing.tiny import build, token_ids
-from workers.slicing.adapters import UnsupportedArchitectureError, detect_family
+from workers.architectures import UnsupportedArchitectureError, detect_family
 from workers.slicing.engine import slice_model
 
 SMALL = {"vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}

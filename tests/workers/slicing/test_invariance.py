@@ -9,7 +9,7 @@ import torch
 from transformers.pytorch_utils import Conv1D
 
 from tests.workers.slicing.tiny import ALL_CASES, build, logits, mean_nll, relative_error, token_ids
-from workers.slicing.adapters import detect_family
+from workers.architectures import detect_family
 from workers.slicing.fusion import fuse_final_norm, fuse_model
 from workers.slicing.portable.sliced_modules import RMSNormNoScale
 from workers.slicing.portable.sliced_weights import weight_out_in

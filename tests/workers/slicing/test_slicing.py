@@ -19,8 +19,8 @@ from tests.workers.slicing.tiny import (
     relative_error,
     token_ids,
 )
+from workers.architectures import detect_family
 from workers.slicing import engine
-from workers.slicing.adapters import detect_family
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
 from workers.slicing.portable.sliced_modules import (
     BRANCHES,

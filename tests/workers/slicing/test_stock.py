@@ -16,7 +16,7 @@ import torch
 from core.param_count import predict_stock_param_count
 from tests.workers.slicing.fresh_reload import greedy, reload_fresh, write_inputs
 from tests.workers.slicing.tiny import build, relative_error, token_ids
-from workers.slicing.adapters import UnsupportedArchitectureError, detect_family
+from workers.architectures import UnsupportedArchitectureError, detect_family
 from workers.slicing.artifacts import load_sliced, read_slicing_config, save_sliced
 from workers.slicing.engine import count_parameters
 from workers.slicing.fusion import fuse_model

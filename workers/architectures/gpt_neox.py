@@ -9,7 +9,7 @@ x + attention). LayerNorm with bias (mean removal first), rotary positions, unti
 
 from __future__ import annotations
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures.base import FamilyAdapter
 
 
 class GPTNeoXAdapter(FamilyAdapter):

@@ -10,7 +10,7 @@ projections and never see the residual stream.
 
 from __future__ import annotations
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures.base import FamilyAdapter
 
 
 class PhiAdapter(FamilyAdapter):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures.base import FamilyAdapter
 
 
 class GPT2Adapter(FamilyAdapter):

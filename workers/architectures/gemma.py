@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workers.slicing.adapters.llama import LlamaAdapter
+from workers.architectures.llama import LlamaAdapter
 from workers.slicing.portable.sliced_modules import get_path, unwrap
 
 

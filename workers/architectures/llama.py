@@ -9,7 +9,7 @@ q_proj/k_proj outputs, not the residual stream, so rotations and slicing never t
 
 from __future__ import annotations
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures.base import FamilyAdapter
 
 
 class LlamaAdapter(FamilyAdapter):

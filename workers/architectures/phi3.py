@@ -8,7 +8,7 @@ The fused qkv_proj and gate_up_proj each read the whole norm output, so each is 
 
 from __future__ import annotations
 
-from workers.slicing.adapters.base import FamilyAdapter
+from workers.architectures.base import FamilyAdapter
 
 
 class Phi3Adapter(FamilyAdapter):

@@ -1,4 +1,7 @@
-"""Family adapters for the SliceGPT engine, and recognition of a loaded model's family."""
+"""Model structure: one adapter per model family, naming its blocks, norms and each sublayer's
+readers and writers, and recognition of a loaded model's family. Every engine (slicing, pruning,
+probing, profiling, simulation, block streaming) reads models through it; import from this package,
+never from its modules (tests/test_architecture.py checks). Adding a family: docs/development.md."""
 
 from __future__ import annotations
 
@@ -15,14 +18,14 @@ from core.families import (
     supported_families_text,
     unsupported_message,
 )
-from workers.slicing.adapters.base import FamilyAdapter, config_dict
-from workers.slicing.adapters.gemma import GemmaAdapter
-from workers.slicing.adapters.gpt2 import GPT2Adapter
-from workers.slicing.adapters.gpt_neox import GPTNeoXAdapter
-from workers.slicing.adapters.llama import LlamaAdapter
-from workers.slicing.adapters.opt import OPTAdapter
-from workers.slicing.adapters.phi import PhiAdapter
-from workers.slicing.adapters.phi3 import Phi3Adapter
+from workers.architectures.base import FamilyAdapter, config_dict
+from workers.architectures.gemma import GemmaAdapter
+from workers.architectures.gpt2 import GPT2Adapter
+from workers.architectures.gpt_neox import GPTNeoXAdapter
+from workers.architectures.llama import LlamaAdapter
+from workers.architectures.opt import OPTAdapter
+from workers.architectures.phi import PhiAdapter
+from workers.architectures.phi3 import Phi3Adapter
 
 # More specific structures first: Gemma's blocks contain Llama's.
 ADAPTERS: tuple[type[FamilyAdapter], ...] = (
@@ -38,8 +41,16 @@ ADAPTERS: tuple[type[FamilyAdapter], ...] = (
 __all__ = [
     "ADAPTERS",
     "FamilyAdapter",
+    "GPT2Adapter",
+    "GPTNeoXAdapter",
+    "GemmaAdapter",
+    "LlamaAdapter",
+    "OPTAdapter",
+    "Phi3Adapter",
+    "PhiAdapter",
     "UnsupportedArchitectureError",
     "adapter_for_family",
+    "config_dict",
     "detect_family",
     "match_structure",
 ]

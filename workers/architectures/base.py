@@ -8,7 +8,7 @@ RMSNorm; whether blocks are sequential or parallel-residual; and how to run the 
 MLP branches of a block. All of that is data (`portable.sliced_modules.FamilyLayout`: dotted
 module paths and a few flags), which exported checkpoints carry too; code is left only where a
 family's forward needs it (OPT's functional dropout, GPT-2's cross-attention refusal). Adding a
-family means adding one subclass and listing it in `workers.slicing.adapters.ADAPTERS`.
+family means adding one subclass and listing it in `workers.architectures.ADAPTERS`.
 
 Adapters are recognised from a loaded model's module structure (`matches`) and checked against
 its config and norm behaviour (`problems`), never from the model's name.
