@@ -8,7 +8,7 @@ side in the same run and on the same `--speedup-items` docs of arc_easy:
 - one-by-one: one request per forward pass, no padding, no cache (lm-eval with batch size 1);
 - batched: requests of all options and docs in padded, length-sorted batches;
 - batched + shared context: each doc's context run once, its options on the context's KV cache
-  (the default of `workers.accuracy.score_task`).
+  (the default of `workers.evaluation.multiple_choice.score_task`).
 
 Writes bench/out/accuracy_smollm2.json after every step, so a partial run still leaves results.
 
@@ -39,9 +39,9 @@ import transformers  # noqa: E402
 
 from core.model_sources import resolve_model  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from workers.accuracy import TaskResult, score_task  # noqa: E402
+from workers.evaluation.mc_formats import load_task  # noqa: E402
+from workers.evaluation.multiple_choice import TaskResult, score_task  # noqa: E402
 from workers.loading import load_model  # noqa: E402
-from workers.mc_tasks import load_task  # noqa: E402
 
 # Measured on SmolLM2-135M (this Q4_1 GGUF), 0-shot, first 300 items: (acc, acc_norm).
 REFERENCE: dict[str, tuple[float, float | None]] = {

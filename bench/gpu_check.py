@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from workers.architectures import match_structure  # noqa: E402
-from workers.evaluate import perplexity  # noqa: E402
+from workers.evaluation.perplexity import perplexity  # noqa: E402
 from workers.offload import offload, suspended  # noqa: E402
 from workers.probing.endpoint import model_probe  # noqa: E402
 from workers.pruning import prune_model  # noqa: E402

@@ -37,7 +37,7 @@ from core.model_sources import resolve_model  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from workers.architectures import detect_family  # noqa: E402
 from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluate import perplexity  # noqa: E402
+from workers.evaluation.perplexity import perplexity  # noqa: E402
 from workers.loading import load_model, refresh_model  # noqa: E402
 from workers.pruning.linears import block_linears, weight_out_in  # noqa: E402
 from workers.pruning.magnitude import magnitude_scores, prune_linear_by_magnitude  # noqa: E402

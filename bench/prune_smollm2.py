@@ -36,7 +36,7 @@ from core.settings import Settings  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
 from workers.environment import run_environment  # noqa: E402
-from workers.evaluate import perplexity  # noqa: E402
+from workers.evaluation.perplexity import perplexity  # noqa: E402
 from workers.loading import load_copy, load_model  # noqa: E402
 from workers.pruning import prune_model  # noqa: E402
 

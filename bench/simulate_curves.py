@@ -54,7 +54,7 @@ from core.settings import Settings  # noqa: E402
 from core.specs.simulate import DEFAULT_BASIS_FRACTION  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
 from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluate import perplexity  # noqa: E402
+from workers.evaluation.perplexity import perplexity  # noqa: E402
 from workers.loading import load_model, refresh_model  # noqa: E402
 from workers.pruning import prune_model  # noqa: E402
 from workers.simulation import ANCHOR, SIMULATED, SimulationOptions, simulate_curve  # noqa: E402

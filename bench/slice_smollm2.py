@@ -50,7 +50,7 @@ from core.model_sources import resolve_model  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from workers.architectures import detect_family  # noqa: E402
 from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluate import effective_seqlen, perplexity  # noqa: E402
+from workers.evaluation.perplexity import effective_seqlen, perplexity  # noqa: E402
 from workers.loading import load_model  # noqa: E402
 from workers.slicing.engine import count_parameters, slice_model  # noqa: E402
 

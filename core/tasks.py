@@ -1,6 +1,7 @@
 """The evaluation tasks the service scores, torch-free: what the API validates, the store's metric
 names and the lm-eval export read, and what the workers' task registries must agree with (a test
-checks `workers.mc_tasks.TASKS` and `workers.generative_tasks.TASKS` against this catalogue).
+checks `workers.evaluation.mc_formats.TASKS` and `workers.evaluation.generative_tasks.TASKS`
+against this catalogue).
 
 Three kinds, as lm-evaluation-harness calls them (`output_type`), see docs/science.md §4:
 - `multiple_choice`: each option's log-likelihood, `acc` (argmax) and `acc_norm` (per character);

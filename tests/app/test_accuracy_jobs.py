@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from core.specs.common import ACCURACY_TASKS
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import prune_body, wait_done
-from workers.generative_tasks import TASKS as GENERATIVE_TASKS
-from workers.mc_tasks import task_names
+from workers.evaluation.generative_tasks import TASKS as GENERATIVE_TASKS
+from workers.evaluation.mc_formats import task_names
 
 TASKS = ["arc_easy", "winogrande"]
 ACCURACY = {"tasks": TASKS, "limit": 4, "batch_size": 8}

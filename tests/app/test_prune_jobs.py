@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from core.settings import Settings
 from tests.app.test_jobs_api import assert_problem
 from workers.data import load_wikitext2_test, tokenize_corpus
-from workers.evaluate import perplexity
+from workers.evaluation.perplexity import perplexity
 from workers.slicing.artifacts import load_sliced
 
 CALIBRATION_TEXT = "Calibration text about rivers, hills and the towns between them. " * 8  # > 32 tokens

@@ -137,7 +137,8 @@ def test_a_corrupt_weights_file_is_a_load_error_naming_the_file(
 
 
 def test_importing_the_worker_modules_does_not_initialise_cuda() -> None:
-    code = "import torch, workers.loading, workers.evaluate, workers.data; print(torch.cuda.is_initialized())"
+    modules = "workers.loading, workers.evaluation.perplexity, workers.data"
+    code = f"import torch, {modules}; print(torch.cuda.is_initialized())"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
     )

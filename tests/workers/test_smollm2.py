@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.settings import Settings
 from workers.data import load_wikitext2_test, tokenize_corpus
-from workers.evaluate import effective_seqlen, perplexity
+from workers.evaluation.perplexity import effective_seqlen, perplexity
 from workers.loading import CONVERSION_RECORD, LoadedModel, load_model
 
 pytestmark = pytest.mark.slow

@@ -26,11 +26,17 @@ from core.tables import Result
 from core.tasks import task_info
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
-from workers.evaluate import EvaluationStopped
+from workers.evaluation.perplexity import EvaluationStopped
+from workers.evaluation.task_data import TaskDataError, docs_sha256
+from workers.evaluation.task_scoring import (
+    ScoredTask,
+    TaskRequest,
+    docs_to_score,
+    score_requested_task,
+    task_request,
+)
 from workers.kinds.steps import dtype_name, find_dense_baseline, stage_progress
 from workers.loading import LoadedModel
-from workers.mc_tasks import TaskDataError, docs_sha256
-from workers.task_scoring import ScoredTask, TaskRequest, docs_to_score, score_requested_task, task_request
 
 # Seed of the few-shot draws (lm-eval's default fewshot seed); recorded in the protocol.
 FEWSHOT_SEED = 1234

@@ -12,7 +12,7 @@ from core.tables import Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, load_wikitext2_test, tokenize_corpus
 from workers.environment import run_environment
-from workers.evaluate import effective_seqlen
+from workers.evaluation.perplexity import effective_seqlen
 from workers.kinds.accuracy_steps import accuracy_results, measure_accuracy, plan_tasks
 from workers.kinds.steps import load_for_job, measure_perplexity, perplexity_protocol
 

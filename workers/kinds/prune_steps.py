@@ -34,7 +34,8 @@ from workers.calibration import CalibrationBatch, CalibrationError, build_calibr
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
 from workers.environment import run_environment
-from workers.evaluate import PerplexityResult, effective_seqlen
+from workers.evaluation.perplexity import PerplexityResult, effective_seqlen
+from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import (
     DenseAccuracy,
     TaskPlan,
@@ -55,7 +56,6 @@ from workers.kinds.steps import (
 from workers.loading import LoadedModel
 from workers.offload import suspended
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
-from workers.task_scoring import ScoredTask
 
 # Results that describe the model rather than a measurement on data carry this dataset name.
 NO_DATASET = "none"

@@ -30,7 +30,7 @@ from core.sampling import sampled_band
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
-from workers.evaluate import PerplexityResult, evaluation_windows
+from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare, stored_method
 from workers.kinds.steps import perplexity_protocol, step_reporter
 from workers.offload import suspended

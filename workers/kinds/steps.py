@@ -22,7 +22,7 @@ from core.specs.common import ModelSpec, PerplexitySpec
 from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
-from workers.evaluate import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
+from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
 from workers.loading import LoadedModel, ModelLoadError, load_model
 
 # Protocol keys that must be equal for two perplexities of one model to be the same measurement.

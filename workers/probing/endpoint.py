@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention
-from workers.accuracy import last_logits_only
 from workers.architectures import FamilyAdapter
+from workers.evaluation.loglikelihood import last_logits_only
 from workers.probing.common import (
     capture_final_hidden,
     family_adapters,

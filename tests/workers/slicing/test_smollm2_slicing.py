@@ -25,7 +25,7 @@ from core.model_sources import ModelSource, ModelSourceError, resolve_model
 from core.settings import Settings
 from workers.architectures import detect_family
 from workers.data import DataMissingError, load_calibration_text, load_wikitext2_test, tokenize_corpus
-from workers.evaluate import PerplexityResult, perplexity
+from workers.evaluation.perplexity import PerplexityResult, perplexity
 from workers.loading import LoadedModel, load_model
 from workers.slicing.engine import count_parameters, is_fused, slice_model
 from workers.slicing.fusion import fuse_model

@@ -15,34 +15,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from core.model_sources import ModelSourceError, resolve_model
 from core.settings import Settings
 from tests.tiny_models import VOCAB_SIZE, build_byte_tokenizer
-from workers.accuracy import (
-    DocScore,
-    doc_score,
-    encode_request,
-    loglikelihoods,
-    mean_stderr,
-    score_docs,
-    score_task,
-)
 from workers.data import DataMissingError
-from workers.evaluate import EvaluationStopped
-from workers.loading import load_model
-from workers.mc_tasks import (
+from workers.evaluation.loglikelihood import encode_request, loglikelihoods, mean_stderr
+from workers.evaluation.mc_formats import (
     TASKS,
+    _arc_from_olmes,
+    _openbookqa_from_olmes,
+    hellaswag_preprocess,
+    load_task,
+    task_names,
+)
+from workers.evaluation.multiple_choice import DocScore, doc_score, score_docs, score_task
+from workers.evaluation.perplexity import EvaluationStopped
+from workers.evaluation.task_data import (
     MCDoc,
     MCTask,
     TaskDataError,
-    _arc_from_olmes,
-    _openbookqa_from_olmes,
     chance_level,
     docs_sha256,
     fewshot_docs,
-    hellaswag_preprocess,
-    load_task,
     read_olmes_docs,
     task_data_root,
-    task_names,
 )
+from workers.loading import load_model
 
 ARC_CONTEXT = "Question: Which gas do plants take in?\nAnswer:"
 # Varied lengths, a non-ASCII option, a context ending in a space and a partial-scoring doc.

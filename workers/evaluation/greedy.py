@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from workers.accuracy import cache_argument, last_logits_only
-from workers.evaluate import EvaluationStopped
+from workers.evaluation.loglikelihood import cache_argument, last_logits_only
+from workers.evaluation.perplexity import EvaluationStopped
 
 STOPPED_BY = ("stop-sequence", "end-of-sequence", "token-limit")
 

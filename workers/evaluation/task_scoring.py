@@ -1,6 +1,7 @@
 """One entry point for scoring any task a job names, dispatched by its lm-eval `output_type`
-(`core.tasks`): multiple choice (`workers.accuracy`), a target's log-likelihood and greedy match, or
-greedy generation (`workers.generative`). Jobs see one result type: anything with
+(`core.tasks`): multiple choice (`workers.evaluation.multiple_choice`), a target's log-likelihood
+and greedy match, or greedy generation (`workers.evaluation.generative`). Jobs see one result
+type: anything with
 `metric_values()`, the docs scored (`n`, `chance`, `data_sha256`) and a `protocol`.
 """
 
@@ -13,10 +14,11 @@ from typing import Any, Protocol
 import torch
 
 from core.tasks import OutputType, task_info
-from workers.accuracy import score_task
-from workers.generative import score_generation_task, score_target_task
-from workers.generative_tasks import load_generative_task
-from workers.mc_tasks import DocSplit, fewshot_docs, load_task
+from workers.evaluation.generative import score_generation_task, score_target_task
+from workers.evaluation.generative_tasks import load_generative_task
+from workers.evaluation.mc_formats import load_task
+from workers.evaluation.multiple_choice import score_task
+from workers.evaluation.task_data import DocSplit, fewshot_docs
 
 
 class ScoredTask(Protocol):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedModel
 
-from workers.evaluate import EvaluationStopped, effective_seqlen, perplexity
+from workers.evaluation.perplexity import EvaluationStopped, effective_seqlen, perplexity
 
 SEQLEN = 32
 

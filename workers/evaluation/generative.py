@@ -1,7 +1,7 @@
-"""Scores of the generative tasks (`workers.generative_tasks`), by lm-evaluation-harness's rules.
+"""Scores of the generative tasks (`workers.evaluation.generative_tasks`), by lm-evaluation-harness's rules.
 
 - `loglikelihood` (LAMBADA): every target is scored in one pass with the multiple-choice scorer
-  (`accuracy.score_encoded`, same encoding and batching): `acc` is the fraction of targets that are
+  (`loglikelihood.score_encoded`, same encoding and batching): `acc` is the fraction of targets that are
   the greedy continuation (every target token the argmax given the ones before, which is exactly
   "greedy decoding from the context produces the target": a test checks it against
   `greedy.greedy_generate`), `perplexity` is exp(-mean target log-likelihood), lm-eval's aggregation.
@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 from core.tasks import task_info
-from workers.accuracy import (
+from workers.evaluation.generative_tasks import GSM8K_FILTERS, GenDoc, GenTask, exact_match
+from workers.evaluation.greedy import greedy_generate
+from workers.evaluation.loglikelihood import (
     DEFAULT_BATCH_SIZE,
     context_length,
     encode_requests,
@@ -33,9 +35,7 @@ from workers.accuracy import (
     score_encoded,
     wants_bos,
 )
-from workers.generative_tasks import GSM8K_FILTERS, GenDoc, GenTask, exact_match
-from workers.greedy import greedy_generate
-from workers.mc_tasks import FEWSHOT_DELIMITER, docs_sha256, task_data_version
+from workers.evaluation.task_data import FEWSHOT_DELIMITER, docs_sha256, task_data_version
 
 EXAMPLES_KEPT = 3
 """Generations recorded in the protocol, so a reader sees what the model wrote."""

@@ -17,12 +17,10 @@ from core.model_sources import ModelSourceError, resolve_model
 from core.settings import Settings
 from core.specs.common import ACCURACY_TASKS
 from core.tasks import FLEXIBLE_EXTRACT, STRICT_MATCH, TASK_CATALOGUE, lm_eval_keys
-from workers import generative
-from workers.accuracy import EncodedRequest, score_encoded
 from workers.data import DataMissingError
-from workers.evaluate import EvaluationStopped
-from workers.generative import GenerativeResult, score_generation_task, score_target_task
-from workers.generative_tasks import (
+from workers.evaluation import generative
+from workers.evaluation.generative import GenerativeResult, score_generation_task, score_target_task
+from workers.evaluation.generative_tasks import (
     FLEXIBLE_PATTERN,
     GSM8K_STOP,
     INVALID_ANSWER,
@@ -35,11 +33,13 @@ from workers.generative_tasks import (
     load_generative_task,
     normalise_answer,
 )
-from workers.greedy import Generation, cut_at_stop, greedy_generate
+from workers.evaluation.greedy import Generation, cut_at_stop, greedy_generate
+from workers.evaluation.loglikelihood import EncodedRequest, score_encoded
+from workers.evaluation.mc_formats import TASKS as MC_TASKS
+from workers.evaluation.perplexity import EvaluationStopped
+from workers.evaluation.task_data import fewshot_docs, task_data_root
+from workers.evaluation.task_scoring import docs_to_score, score_requested_task, task_request
 from workers.loading import load_model
-from workers.mc_tasks import TASKS as MC_TASKS
-from workers.mc_tasks import fewshot_docs, task_data_root
-from workers.task_scoring import docs_to_score, score_requested_task, task_request
 
 PROMPTS = ("Hello there, how are", "Hi", "The quick brown fox jumps over the lazy", "abc", "x")
 

