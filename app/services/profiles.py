@@ -657,6 +657,17 @@ def backtest_list(
     )
 
 
+def _sliced_width(profile: StoredProfile, method: str, sparsity: float) -> int | None:
+    """The width slicing keeps at `sparsity` (None for a mask method, or where nothing would be kept:
+    a small model at a large sparsity, whose prediction then says why not)."""
+    if METHOD_FEATURES[method].rule is not None:
+        return None
+    try:
+        return profile.width(sparsity)
+    except ValueError:
+        return None
+
+
 def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
     profile = answer.profile
     return BeforePruningPublic(
@@ -682,9 +693,7 @@ def before_pruning_public(answer: BeforePruning) -> BeforePruningPublic:
                 predictions=[
                     FeaturePredictedPublic(
                         sparsity=v.sparsity,
-                        width=profile.width(v.sparsity)
-                        if METHOD_FEATURES[answer.method].rule is None
-                        else None,
+                        width=_sliced_width(profile, answer.method, v.sparsity),
                         feature=v.feature,
                         value=None if v.prediction is None else v.prediction.value,
                         band=None if v.prediction is None else list(v.prediction.band),

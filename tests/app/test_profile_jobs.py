@@ -98,6 +98,9 @@ def test_a_profile_predicts_before_pruning_and_its_predictors_are_backtested_onc
     assert curve["profile_predicted"][-1]["sparsity"] == 0.5  # the profile's largest sparsity
     drawn = api.get(f"/v1/models/{model}/curves", params={"seqlen": 64, "max_windows": 2, "format": "svg"})
     assert drawn.status_code == 200 and "from the profile" in drawn.text
+    # the drawn answer reaches 0.9, which leaves no width of this 64-wide model: the profile's
+    # predictions say why not there instead of failing the curve (a 500 before)
+    assert curve["answer"][-1]["sparsity"] == 0.9 and curve["answer"][-1]["rung"] == "law"
 
     backtests = api.get("/v1/backtests", params={"points": True}).json()
     [curve] = backtests["curves"]
