@@ -178,8 +178,9 @@ class ProbeJobCreate(ModelSpec):
 
     @property
     def probe_temperature(self) -> float:
-        """T as the probes use it: the request's, or its convention's default."""
-        return convention_named(self.convention).temperature if self.temperature is None else self.temperature
+        """T as the probes use it: the request's, or its convention's default (filled in above)."""
+        assert self.temperature is not None  # _convention_temperature ran on validation
+        return self.temperature
 
     @field_validator("artifact_job_id")
     @classmethod

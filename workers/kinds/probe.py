@@ -68,6 +68,7 @@ from workers.probing import (
     option_token_ids,
 )
 from workers.probing.decoding import decoding_counterfactual_probe, teacher_forced_probe
+from workers.probing.endpoint import letter_token_ids
 from workers.probing.records import ProgressCallback
 from workers.pruners import ARTIFACT_PRUNERS, PruneOptions, block_count, pruner_for
 
@@ -121,8 +122,8 @@ def run(context: JobContext) -> None:
         if spec.prompts
         else list(BUILTIN_PROMPTS)
     )
-    check_options(dense, prompts)  # before any pruning: a bad prompt fails the job at once
     convention = convention_named(spec.convention)
+    check_options(dense, prompts, convention)  # before any pruning: a bad prompt fails the job at once
     new_tokens = 0 if spec.generation is None else spec.generation.max_new_tokens
     room = max(new_tokens, decoding_steps(spec, convention))
     input_ids = [tokenize(dense, prompt.text, room=room) for prompt in prompts]
@@ -477,8 +478,9 @@ def _artifact_of(session: Session, *, job_id: str) -> tuple[Job | None, Artifact
     return job, artifact
 
 
-def check_options(dense: LoadedModel, prompts: list[ProbePrompt]) -> None:
-    """Every multiple-choice prompt's options must start with distinct tokens (the subspace)."""
+def check_options(dense: LoadedModel, prompts: list[ProbePrompt], convention: ProbeConvention) -> None:
+    """Every multiple-choice prompt's options must start with distinct tokens (the subspace), and the
+    convention's option letters must be distinct tokens of this tokenizer."""
     for index, prompt in enumerate(prompts):
         if prompt.options:
             try:
@@ -487,6 +489,14 @@ def check_options(dense: LoadedModel, prompts: list[ProbePrompt]) -> None:
                 raise JobFailure(
                     f"prompts[{index}]: {error}; give options that differ in their first token"
                 ) from error
+    if convention.option_letters and any(prompt.options for prompt in prompts):
+        try:
+            letter_token_ids(dense.tokenizer, convention.option_letters)
+        except ValueError as error:
+            raise JobFailure(
+                f"the {convention.name} convention's multiple-choice subspace: {error} with this "
+                "model's tokenizer; probe with the prunecast convention"
+            ) from error
 
 
 def check_same_weights(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ from transformers import PreTrainedModel
 
 from core.probe_conventions import PRUNECAST, RELEASED_CODE, ProbeConvention
 from tests.workers.probing.helpers import prompt_ids, prune_copy
-from workers.probing import counterfactual_probe, model_probe
+from workers.context import JobFailure
+from workers.kinds.probe import check_options
+from workers.probing import ProbePrompt, counterfactual_probe, model_probe
 from workers.probing.deviation import probability_deviations, vector_deviations
 
 Loader = Callable[[str], PreTrainedModel]
@@ -146,3 +149,16 @@ def test_temperature_scales_the_estimates_as_one_over_t_squared() -> None:
     for metric in ("kl", "1-cos"):
         assert torch.allclose(at_half[metric], 4 * at_one[metric])
     assert torch.allclose(at_one["kl"], shifted.var(dim=-1, unbiased=False) / 2)
+
+
+def test_option_letters_that_share_a_token_fail_a_released_code_job_before_pruning() -> None:
+    class OneToken:  # every text encodes to the same single token
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+            return {"input_ids": [7]} if text.startswith(" ") else {"input_ids": [ord(text[0])]}
+
+    dense = SimpleNamespace(tokenizer=OneToken())
+    prompts = [ProbePrompt("Q? A. x B. y\nAnswer:", ("A", "B"))]
+    check_options(dense, prompts, PRUNECAST)  # the prompt's own options fall back to "A", "B"
+    with pytest.raises(JobFailure, match=r"option letters .* do not end in distinct tokens"):
+        check_options(dense, prompts, RELEASED_CODE)
+    check_options(dense, [ProbePrompt("no options")], RELEASED_CODE)  # no subspace, nothing to check
