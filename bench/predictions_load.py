@@ -54,9 +54,9 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import psycopg  # noqa: E402
 
-from core.anchoring import SIMULATED_ROLE  # noqa: E402
-from core.fits import MeasuredPoint, ppl_fit  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
+from core.prediction.anchoring import SIMULATED_ROLE  # noqa: E402
+from core.prediction.fits import MeasuredPoint, ppl_fit  # noqa: E402
 from core.store import Store  # noqa: E402
 from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result  # noqa: E402
 

@@ -17,7 +17,8 @@ same windows:
   the calibration windows; stock; Wanda from dense statistics; SparseGPT as Wanda's mask (a bound);
   magnitude;
 - per point |ln(sim / truth)| at face value, scaled by one anchor (0.2) and by two (0.2 and 0.4;
-  `core.anchoring`); the zero-point variant (c from the other model's two anchors) once both models ran;
+  `core.prediction.anchoring`); the zero-point variant (c from the other model's two anchors) once both
+  models ran;
 - cost: the wall time of each simulation beside the sweep's (SliceGPT) and one dense pass of the
   evaluation windows.
 
@@ -46,10 +47,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from core.anchoring import Anchor, fit_scale  # noqa: E402
 from core.methods import METHODS  # noqa: E402
 from core.model_sources import resolve_model  # noqa: E402
-from core.sampling import sampled_band  # noqa: E402
+from core.prediction.anchoring import Anchor, fit_scale  # noqa: E402
+from core.prediction.sampling import sampled_band  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from core.specs.simulate import DEFAULT_BASIS_FRACTION  # noqa: E402
 from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
@@ -230,8 +231,8 @@ def measure_masks(bench: Bench, method: str, dense: float) -> dict[str, Any]:
 
 
 def band_coverage(out: dict[str, Any], scored_windows: int) -> dict[str, Any]:
-    """Does the band (`core.sampling`) of a simulation scored on its first `scored_windows` windows cover
-    the value over every window? One check per model, simulation and sparsity."""
+    """Does the band (`core.prediction.sampling`) of a simulation scored on its first `scored_windows`
+    windows cover the value over every window? One check per model, simulation and sparsity."""
     checks = []
     for model, record in out["models"].items():
         runs = [(m, r) for m, r in record.items() if isinstance(r, dict) and "window_nll" in r]

@@ -49,8 +49,8 @@ import transformers  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from app.main import create_app  # noqa: E402
-from core import laws  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
+from core.prediction import laws  # noqa: E402
 from core.settings import Settings  # noqa: E402
 
 TERMINAL = ("succeeded", "failed", "canceled")

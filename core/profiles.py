@@ -6,7 +6,7 @@ profile holds, per residual signal, the eigenvalues of its uncentred second mome
 each eigenvector in the energy of the normalised tokens (what a norm's readers see), and logit-lens
 readings at the profiled widths (`workers.profiling`), and per block linear the share of its output
 energy each unstructured mask rule would remove at the profiled sparsities. Every feature is 0 when
-nothing is pruned and grows with the sparsity; the feature laws (`core.feature_laws`) map it to
+nothing is pruned and grows with the sparsity; the feature laws (`core.prediction.feature_laws`) map it to
 ln PPL(s) - ln PPL0. Which features a method is predicted from: `METHOD_FEATURES`.
 """
 
@@ -321,7 +321,8 @@ METHOD_FEATURES: dict[str, MethodFeatures] = {
 
 def sibling_methods(method: str) -> tuple[str, ...]:
     """The other methods predicted from the same features (every mask rule's methods share the mask
-    aggregates; slicing has none): their coefficients can share a model effect (`core.cross_method`)."""
+    aggregates; slicing has none): their coefficients can share a model effect
+    (`core.prediction.cross_method`)."""
     entry = METHOD_FEATURES.get(method)
     if entry is None:
         return ()

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.fits import MeasuredPoint, ppl_fit
 from core.methods import DENSE
+from core.prediction.fits import MeasuredPoint, ppl_fit
 from core.tables import Fit, Result
 
 PUBLISHED = "published"

@@ -230,7 +230,7 @@ class Fit(Base):
 
 class Profile(Base):
     """A dense model's profile under one calibration (a `profile` job, `workers.profiling`): what
-    slicing would discard at every width, read by the feature laws (`core.feature_laws`)."""
+    slicing would discard at every width, read by the feature laws (`core.prediction.feature_laws`)."""
 
     __tablename__ = "profiles"
     __table_args__ = (Index("ix_profiles_model_id", "model_id"),)

@@ -115,7 +115,7 @@ def test_no_code_outside_the_registry_branches_on_a_method_name() -> None:
 def test_the_service_side_loads_no_torch_or_transformers() -> None:
     heavy = ("torch", "transformers", "safetensors", "accelerate")
     script = (
-        "import sys, core.lifecycle, core.methods, core.specs, core.laws, app.main, app.cli\n"
+        "import sys, core.lifecycle, core.methods, core.specs, core.prediction.laws, app.main, app.cli\n"
         "app.main.create_app\n"
         f"print(','.join(name for name in {heavy!r} if name in sys.modules))\n"
     )

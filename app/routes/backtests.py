@@ -11,8 +11,8 @@ from app.schemas.profiles import BacktestList
 from app.services.profiles import backtest_list, nested_choice_score, scored_curves
 from app.services.simulated import simulation_records
 from app.services.store_state import store_state
-from core.backtests import feature_predictor
-from core.laws import DEFAULT_LEVEL
+from core.prediction.backtests import feature_predictor
+from core.prediction.laws import DEFAULT_LEVEL
 from core.prediction.registry import PROFILE_PREDICTORS
 from core.specs.pruning import StoredMethod
 

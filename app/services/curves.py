@@ -30,7 +30,7 @@ from app.services.series import (
     pooled_accuracy_prior,
 )
 from app.services.simulated import newest_simulation
-from core.laws import DEFAULT_LEVEL
+from core.prediction.laws import DEFAULT_LEVEL
 from core.profiles import METHOD_FEATURES
 
 

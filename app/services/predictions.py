@@ -54,9 +54,9 @@ from app.services.series import (
 )
 from app.services.simulated import ProtocolKey, newest_simulation, simulation_records
 from app.services.store_state import StateCache, StoreState, store_state
-from core.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
 from core.methods import simulated_methods, stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
+from core.prediction.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
 from core.prediction.rungs import Estimate, best
 from core.profiles import METHOD_FEATURES
 from core.store import Store
@@ -67,7 +67,8 @@ STRICT_OFF_FLAG = 0.5
 """Relative error on measured points above which a metric carries the `strict_law_off` flag."""
 
 STRICT_NOTE = "on the calibration points the strict law"
-"""How core.laws starts its note on the strict law's errors; the response's `strict_law` says it once."""
+"""How core.prediction.laws starts its note on the strict law's errors; the response's `strict_law`
+says it once."""
 
 
 ANSWER_CACHE_SIZE = 1024

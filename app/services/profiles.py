@@ -37,8 +37,9 @@ from app.schemas.profiles import (
 from app.schemas.records import summary_public, verdict_public
 from app.services.series import finite
 from app.services.store_state import StateCache, StoreState, store_state
-from core import feature_laws
-from core.backtests import (
+from core.model_sources import ModelSourceError, resolve_model
+from core.prediction import feature_laws, records
+from core.prediction.backtests import (
     CALIBRATED,
     CROSS_METHOD,
     ONE_POINT,
@@ -57,8 +58,6 @@ from core.backtests import (
     law_coefficient,
     law_prior,
 )
-from core.model_sources import ModelSourceError, resolve_model
-from core.prediction import records
 from core.prediction.records import Verdict, verdict
 from core.prediction.registry import PROFILE_PREDICTORS
 from core.profiles import (
@@ -471,7 +470,7 @@ def _known_mode(
 ) -> str:
     """The backtest mode that matches what the store knows of the model: points of its own under the
     profile's calibration, curves of the method under other calibrations, curves of sibling methods
-    (carried over by `core.cross_method`), or none (pooled over other models). Where both carrying
+    (carried over by `core.prediction.cross_method`), or none (pooled over other models). Where both carrying
     over and pooling can answer, the one whose record for `predictor` is better answers (carrying
     over, which uses more of what is known, while neither is scored): the model has no curve of the
     method, so these records never saw it; the verdict then reads the nested record of that choice

@@ -14,8 +14,10 @@ from itertools import pairwise
 from app.services.profiles import BeforePruning
 from app.services.series import PPL, Series, finite, predict
 from app.services.simulated import ANCHORED, FACE, SimulatedCurves
-from core.anchoring import Anchor, fit_scale
-from core.backtests import (
+from core.methods import stored_method_entry
+from core.prediction import priors
+from core.prediction.anchoring import Anchor, fit_scale
+from core.prediction.backtests import (
     CALIBRATED,
     LOSO,
     ONE_POINT,
@@ -26,10 +28,8 @@ from core.backtests import (
     Curve,
     Score,
 )
-from core.laws import Calibration, strict_ppl
-from core.methods import stored_method_entry
-from core.prediction import priors
 from core.prediction.bands import combined_sd, log_sd_of_band, lognormal_band
+from core.prediction.laws import Calibration, strict_ppl
 from core.prediction.records import MIN_POINTS, RELIABLE_FACTOR, Summary, Verdict, pooled_mean, verdict
 from core.prediction.registry import SIMULATION_BENCH
 from core.prediction.rungs import STRICT as STRICT_RUNG

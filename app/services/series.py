@@ -32,7 +32,8 @@ from app.schemas.predictions import (
     StrictErrorPublic,
     StrictLawPublic,
 )
-from core.laws import (
+from core.methods import DENSE
+from core.prediction.laws import (
     STRICT_FORMULA,
     Calibration,
     FitQuality,
@@ -43,7 +44,6 @@ from core.laws import (
     pool_slopes,
     strict_ppl,
 )
-from core.methods import DENSE
 from core.store import Store
 from core.tables import Result
 

@@ -17,8 +17,8 @@ from app.schemas.predictions import CurvePointPublic
 from app.services.profiles import calibration_key
 from app.services.series import finite
 from app.services.store_state import StateCache, StoreState, store_state
-from core.anchoring import ANCHORED_LAW, SIMULATED_ROLE
-from core.backtests import HeldOut, Score
+from core.prediction.anchoring import ANCHORED_LAW, SIMULATED_ROLE
+from core.prediction.backtests import HeldOut, Score
 from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result
 
 MAX_ROWS = 2_000

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core import laws
-from core.sampling import t_quantile
+from core.prediction import laws
+from core.prediction.sampling import t_quantile
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from app.services.profiles import NESTED_MODE, _known_mode, nested_choice_score
-from core.backtests import CROSS_METHOD, ONE_POINT, ZERO_CURVE, ZERO_MODEL, Curve, HeldOut, Score
+from core.prediction.backtests import CROSS_METHOD, ONE_POINT, ZERO_CURVE, ZERO_MODEL, Curve, HeldOut, Score
 
 LAW = "feature law: output-error-depth-sum"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from core.fits import MeasuredPoint, ppl_fit
+from core.prediction.fits import MeasuredPoint, ppl_fit
 from core.store import Store
 from tests.app.store_points import add_series, ppl_protocol
 from tests.app.test_jobs_api import assert_problem

@@ -12,7 +12,7 @@ from app.schemas.predictions import CurvePointPublic
 from app.services.rungs import Evidence, law, simulated
 from app.services.series import calibrate, caller_series
 from app.services.simulated import SimulatedCurves
-from core.backtests import CALIBRATED, ONE_POINT, Curve, backtest
+from core.prediction.backtests import CALIBRATED, ONE_POINT, Curve, backtest
 from core.prediction.rungs import Rung
 
 # SmolLM2-135M sliced, the protocol of issue 32 (64 x 1024 BoolQ seed 7, WikiText-2 1024 x 30)

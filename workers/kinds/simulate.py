@@ -14,7 +14,7 @@ same keys as a measured one, so it is found by protocol), the dense baseline it 
 under `simulation` how it was made (engine, bases, windows, role) with its sampling band for the full
 evaluation split when only part of it was scored. Per anchor: the method itself through the same
 passes (`role: anchor`). With anchors, each simulated sparsity also gets the curve scaled through them
-(`law: anchored`, `core.anchoring`).
+(`law: anchored`, `core.prediction.anchoring`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from core.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
 from core.methods import METHODS
-from core.sampling import sampled_band
+from core.prediction.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
+from core.prediction.sampling import sampled_band
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
@@ -231,7 +231,7 @@ def _protocol(
 
 
 def _band(point: SimulatedPoint, available_windows: int) -> dict[str, Any] | None:
-    """The band for the full split's value from the scored windows (`core.sampling`); None when every
-    window was scored."""
+    """The band for the full split's value from the scored windows (`core.prediction.sampling`); None
+    when every window was scored."""
     band = sampled_band(point.scores.per_window, available_windows, BAND_LEVEL)
     return None if band is None else asdict(band)

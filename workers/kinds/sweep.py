@@ -1,7 +1,7 @@
 """`sweep` jobs: prune a model at several sparsities, measure each, fit the prediction laws.
 
 Every method sweeps: the stage of each point is the method's ("slicing" or "pruning"); the fits of
-methods other than slicing are empirical curves (`core.fits.ppl_fit` with `strict_law=False`).
+methods other than slicing are empirical curves (`core.prediction.fits.ppl_fit` with `strict_law=False`).
 
 Stages and the share of the job's progress each one covers:
 
@@ -40,8 +40,8 @@ from typing import Any
 from sqlalchemy import select
 
 from core.artifacts import job_folder
-from core.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from core.methods import METHODS
+from core.prediction.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from core.profiles import CALIBRATION_KEYS
 from core.specs.jobs import SweepJobCreate
 from core.tables import Fit, Result

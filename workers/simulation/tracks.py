@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.anchoring import ANCHOR_ROLE, SIMULATED_ROLE
+from core.prediction.anchoring import ANCHOR_ROLE, SIMULATED_ROLE
 from workers.block_inputs import BlockBatch
 
 ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from core.backtests import ZERO_MODEL, HeldOut, Score
+from core.prediction.backtests import ZERO_MODEL, HeldOut, Score
 from core.prediction.records import MIN_MODELS_NEW, choose, log_error, nested, summarize, verdict
 
 

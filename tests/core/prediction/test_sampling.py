@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from core.sampling import sampled_band, t_quantile
+from core.prediction.sampling import sampled_band, t_quantile
 
 # Two-sided 95 % quantiles of Student's t (tables).
 T_975 = {3: 3.182, 5: 2.571, 10: 2.228, 30: 2.042}

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from core import cross_method
-from core.backtests import CROSS_METHOD, ZERO_MODEL, Curve, backtest, cross_method_prior
-from core.backtests import FeatureLaw as Law
-from core.feature_laws import CurveFit
+from core.prediction import cross_method
+from core.prediction.backtests import CROSS_METHOD, ZERO_MODEL, Curve, backtest, cross_method_prior
+from core.prediction.backtests import FeatureLaw as Law
+from core.prediction.feature_laws import CurveFit
 
 SPARSITIES = (0.2, 0.3, 0.4, 0.5, 0.6)
 FEATURE = "output-error-mean"

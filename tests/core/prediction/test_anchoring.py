@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from core.anchoring import Anchor, fit_scale
+from core.prediction.anchoring import Anchor, fit_scale
 
 DENSE = 20.0
 

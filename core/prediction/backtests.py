@@ -6,17 +6,17 @@ perplexity and, where the model was profiled under the same calibration, each fe
 each measured width. Modes, each scoring a prediction only on points its coefficient did not see:
 
 - `zero-points, leave-one-curve-out`: a feature law's coefficient pooled from every *other* curve of
-  the method (`core.feature_laws.pool`), and a power law's exponent too; the strict law (slicing's
+  the method (`core.prediction.feature_laws.pool`), and a power law's exponent too; the strict law (slicing's
   curves only) and the lens-KL sum at face value need none;
 - `zero-points, leave-one-model-out`: pooled only from curves of *other models*, the question a
   team with a new model asks;
 - `zero-points, other methods of the model`: no point of this method on the held-out curve's model,
   but curves of sibling methods (those predicted from the same kind of feature) on it and on other
-  models: the two-way prior of `core.cross_method`, which carries the model's sensitivity over from
+  models: the two-way prior of `core.prediction.cross_method`, which carries the model's sensitivity over from
   the methods it was measured under; every curve of this method on this model is left out;
 - `one-point`: each measured point of a curve in turn is the only one known; the feature laws update
   the leave-one-curve-out prior with it (or fit it alone when no other curve has the feature), the
-  calibrated laws (`core.laws`) fit it alone; the others are predicted;
+  calibrated laws (`core.prediction.laws`) fit it alone; the others are predicted;
 - `leave-one-sparsity-out`: the calibrated laws fitted on every other point of the curve.
 
 The law rung adds one: `alpha law pooled over other models` (leave-one-model-out, the law a model with
@@ -35,10 +35,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from core import cross_method, feature_laws, laws
-from core.feature_laws import Coefficient
 from core.methods import stored_method_entry
-from core.prediction import priors, records
+from core.prediction import cross_method, feature_laws, laws, priors, records
+from core.prediction.feature_laws import Coefficient
 from core.profiles import UNCALIBRATED_FEATURE
 
 
@@ -189,7 +188,7 @@ def law_prior(law: FeatureLaw, training: Sequence[Curve]) -> LawFit | None:
 
 def cross_method_prior(law: FeatureLaw, training: Sequence[Curve], method: str, model: str) -> LawFit | None:
     """The exponent pooled from `method`'s training curves and the two-way prior of c for `method`
-    on `model` (`core.cross_method`), each training curve fitted under its own method's exponent;
+    on `model` (`core.prediction.cross_method`), each training curve fitted under its own method's exponent;
     None when `method` has no training curve with the feature, or no curve links it to the model."""
     usable = [
         c for c in training if law.feature in c.features and not (c.method == method and c.model == model)

@@ -1,4 +1,4 @@
-"""Fits of the laws as store rows (core.fits), from synthetic points without a worker, and the
+"""Fits of the laws as store rows (core.prediction.fits), from synthetic points without a worker, and the
 /v1/fits endpoint over rows in the store."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from core import laws
-from core.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
+from core.prediction import laws
+from core.prediction.fits import FitError, MeasuredPoint, accuracy_fit, n_options_from, ppl_fit
 from core.store import Store
 from core.tables import Fit, Job
 from tests.app.test_jobs_api import assert_problem

@@ -6,7 +6,7 @@ beta is 1 (a *feature law*) or the exponent pooled from other curves (a *power l
 
 F is an aggregate of a dense profile (`core.profiles.FEATURES`): a discarded-energy share or a
 summed logit-lens KL. One coefficient c per feature, model, method and protocol; the law passes
-through the dense point (F = 0 at d = D). Pure Python, like `core.laws`.
+through the dense point (F = 0 at d = D). Pure Python, like `core.prediction.laws`.
 
 Where c comes from, in order of what is known about the model:
 
@@ -23,7 +23,7 @@ Where c comes from, in order of what is known about the model:
 
 The band is the normal interval in ln PPL: Var = F^2 Var(c) + sigma^2, sigma the spread of one
 measured point about its curve's law, pooled over the curves' residuals with the prior
-`core.laws.PPL_SIGMA0`.
+`core.prediction.laws.PPL_SIGMA0`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from core.laws import DEFAULT_LEVEL, PPL_SIGMA0, PRIOR_DOF
+from core.prediction.laws import DEFAULT_LEVEL, PPL_SIGMA0, PRIOR_DOF
 
 COEFFICIENT_SPREAD0 = 0.5
 """Prior between-model spread of c, relative to its mean: a new model's coefficient is taken to lie

@@ -1,7 +1,7 @@
 """A model's sensitivity carried across pruning methods: the two-way empirical-Bayes prior of a feature
 law's coefficient (docs/science.md, "Pooling across methods").
 
-Every measured curve has its own coefficient c (`core.feature_laws.fit_curve`). The intra-layer
+Every measured curve has its own coefficient c (`core.prediction.feature_laws.fit_curve`). The intra-layer
 methods share one kind of feature (the mask errors of `core.profiles.MASK_FEATURES`), so their
 coefficients can be compared, and ln c is split into what the method does and how sensitive the
 model is to losing that much of its linears' output energy:
@@ -17,7 +17,7 @@ per-method pooling), plus the error of mu[k] + u[M] itself: the prediction is a 
 cells' ln c, and each weight's square carries one tau^2 and that cell's sampling variance.
 
 The pooling needs the method and the model to be linked: some model measured under both method k
-and a method that model M was measured under. Pure Python, like `core.feature_laws`.
+and a method that model M was measured under. Pure Python, like `core.prediction.feature_laws`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from core.feature_laws import COEFFICIENT_SPREAD0, PRIOR_CURVES, Coefficient, CurveFit, pooled_sigma
+from core.prediction.feature_laws import (
+    COEFFICIENT_SPREAD0,
+    PRIOR_CURVES,
+    Coefficient,
+    CurveFit,
+    pooled_sigma,
+)
 
 
 @dataclass(frozen=True)

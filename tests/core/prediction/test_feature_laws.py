@@ -8,9 +8,18 @@ import random
 
 import pytest
 
-from core import feature_laws
-from core.backtests import CALIBRATED, FACE_VALUE, ONE_POINT, STRICT, ZERO_CURVE, ZERO_MODEL, Curve, backtest
-from core.laws import strict_ppl
+from core.prediction import feature_laws
+from core.prediction.backtests import (
+    CALIBRATED,
+    FACE_VALUE,
+    ONE_POINT,
+    STRICT,
+    ZERO_CURVE,
+    ZERO_MODEL,
+    Curve,
+    backtest,
+)
+from core.prediction.laws import strict_ppl
 from core.profiles import FEATURES, LensMeans, SignalSpectrum, feature_value, lens_value
 
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)

@@ -1,9 +1,9 @@
 """Fits of the prediction laws as rows of the store (`fits`), built from measured points.
 
-A `sweep` job measures a model at several sparsities and stores here what `core.laws` made of the
+A `sweep` job measures a model at several sparsities and stores here what `core.prediction.laws` made of the
 points: the chosen law and its parameters, why it was chosen, and how well every candidate law
 (the strict law included) matched the points, so the store accumulates calibration for every model
-it has seen. Pure Python like `core.laws` (no torch), so the API side can build fits too.
+it has seen. Pure Python like `core.prediction.laws` (no torch), so the API side can build fits too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core import laws
+from core.prediction import laws
 from core.tables import Fit
 
 EMPIRICAL_PREFIX = "empirical-"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from core.laws import (
+from core.prediction.laws import (
     DEFAULT_ACC_PRIOR,
     calibrate_acc,
     calibrate_ppl,
@@ -282,6 +282,6 @@ def test_with_three_points_the_choice_is_by_leave_one_out_error() -> None:
 
 
 def test_the_laws_module_imports_neither_torch_nor_numpy() -> None:
-    code = "import sys, core.laws; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    code = "import sys, core.prediction.laws; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
