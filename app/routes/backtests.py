@@ -8,9 +8,11 @@ from fastapi import APIRouter, Query
 
 from app.deps import SessionDep
 from app.schemas.profiles import BacktestList
-from app.services.profiles import backtest_list, nested_choice_score, scored_curves
-from app.services.simulated import simulation_records
-from app.services.store_state import store_state
+from app.services.prediction.profile_rung import nested_choice_score
+from app.services.prediction.records import backtest_list
+from app.services.prediction.scored_curves import scored_curves
+from app.services.prediction.simulated import simulation_records
+from app.services.prediction.store_state import store_state
 from core.prediction.backtests import feature_predictor
 from core.prediction.laws import DEFAULT_LEVEL
 from core.prediction.registry import PROFILE_PREDICTORS

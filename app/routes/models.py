@@ -19,7 +19,7 @@ from app.problems import ProblemError, problem_responses
 from app.schemas.predictions import CurvePublic, PredictMetric
 from app.schemas.profiles import ProfilePublic
 from app.schemas.retention import RetentionPublic
-from app.services.curves import load_curve, selector_from
+from app.services.prediction.curves import load_curve, selector_from
 from app.services.profiles import find_profile, profile_public
 from app.services.retention import load_retention
 from app.views.curve_plots import curve_png, curve_svg

@@ -9,12 +9,12 @@ from app.deps import Services
 from app.problems import ProblemError
 from app.schemas.jobs import JobPublic
 from app.schemas.results import ResultPublic
-from app.services.curves import load_curve
 from app.services.jobs import get_job, job_results
+from app.services.prediction.curves import load_curve
+from app.services.prediction.series import PPL, Selector
 from app.services.probes import probe_section
 from app.services.profiles import find_profile
 from app.services.retention import load_retention
-from app.services.series import PPL, Selector
 from app.views.curve_plots import inline_svg
 from app.views.profile_plots import profile_svg
 from app.views.report import CurveSection, render_report

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from app.services.profiles import NESTED_MODE, _known_mode, nested_choice_score
+from app.services.prediction.profile_rung import NESTED_MODE, _known_mode, nested_choice_score
 from core.prediction.backtests import CROSS_METHOD, ONE_POINT, ZERO_CURVE, ZERO_MODEL, Curve, HeldOut, Score
 
 LAW = "feature law: output-error-depth-sum"

@@ -72,7 +72,7 @@ def test_a_published_curve_is_drawn_as_its_own_source(api: TestClient, clean_sto
 def test_backtests_are_computed_once_per_state_of_the_store(
     api: TestClient, clean_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.services import profiles
+    from app.services.prediction import scored_curves as profiles
 
     calls: list[str] = []
     read = profiles.store_curves

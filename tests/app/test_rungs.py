@@ -9,9 +9,10 @@ import math
 import pytest
 
 from app.schemas.predictions import CurvePointPublic
-from app.services.rungs import Evidence, law, simulated
-from app.services.series import calibrate, caller_series
-from app.services.simulated import SimulatedCurves
+from app.services.prediction.law_values import calibrate
+from app.services.prediction.rungs import Evidence, law, simulated
+from app.services.prediction.series import caller_series
+from app.services.prediction.simulated import SimulatedCurves
 from core.prediction.backtests import CALIBRATED, ONE_POINT, Curve, backtest
 from core.prediction.rungs import Rung
 

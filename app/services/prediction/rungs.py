@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from app.services.profiles import BeforePruning
-from app.services.series import PPL, Series, finite, predict
-from app.services.simulated import ANCHORED, FACE, SimulatedCurves
+from app.services.prediction.law_values import predict
+from app.services.prediction.profile_rung import BeforePruning
+from app.services.prediction.series import PPL, Series, finite
+from app.services.prediction.simulated import ANCHORED, FACE, SimulatedCurves
 from core.methods import stored_method_entry
 from core.prediction import priors
 from core.prediction.anchoring import Anchor, fit_scale

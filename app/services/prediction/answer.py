@@ -1,17 +1,19 @@
 """What POST /v1/predictions does: one answer per metric and sparsity from the best rung that can
-give it (measured > simulated > profile > law; `app.services.rungs`), with its band and the verdict of
-its own record, every rung beside it; or say which job would measure a missing dense baseline (and
-queue it, with `measure_missing`), and name the jobs that would make a better rung.
+give it (measured > simulated > profile > law; `app.services.prediction.rungs`), with its band and
+the verdict of its own record, every rung beside it; or say which job would measure a missing dense
+baseline (and queue it, with `measure_missing`), and name the jobs that would make a better rung.
 
 Synchronous arithmetic over a few indexed reads; records are computed once per state of the store.
+The answer is returned serialized (`Answered`): cached answers are bytes, and the route only picks
+the status (202 when a job was queued).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from fastapi import Response
 from sqlalchemy.orm import Session
 
 from app.deps import Services
@@ -28,32 +30,30 @@ from app.schemas.predictions import (
     PredictionPublic,
 )
 from app.schemas.records import verdict_public
-from app.services import missing_jobs
-from app.services.profiles import (
-    BeforePruning,
-    before_pruning_public,
-    cached_before_pruning,
-    scored_curves,
+from app.services.prediction import missing_jobs
+from app.services.prediction.law_values import (
+    calibrate,
+    calibration_public,
+    predict,
+    strict_law_public,
+    strict_value,
 )
-from app.services.rungs import Evidence, estimates
-from app.services.series import (
+from app.services.prediction.profile_rung import BeforePruning, before_pruning_public, cached_before_pruning
+from app.services.prediction.rungs import Evidence, estimates
+from app.services.prediction.scored_curves import scored_curves
+from app.services.prediction.series import (
     PPL,
     Selector,
     Series,
     SeriesError,
     SeriesKey,
-    calibrate,
-    calibration_public,
     caller_series,
     finite,
     load_series,
     pooled_accuracy_prior,
-    predict,
-    strict_law_public,
-    strict_value,
 )
-from app.services.simulated import ProtocolKey, newest_simulation, simulation_records
-from app.services.store_state import StateCache, StoreState, store_state
+from app.services.prediction.simulated import ProtocolKey, newest_simulation, simulation_records
+from app.services.prediction.store_state import StateCache, StoreState, store_state
 from core.methods import simulated_methods, stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
 from core.prediction.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
@@ -77,7 +77,16 @@ ANSWER_CACHE_SIZE = 1024
 _answers = StateCache(ANSWER_CACHE_SIZE)
 
 
-def create_prediction(body: PredictionCreate, services: Services) -> Response:
+@dataclass(frozen=True)
+class Answered:
+    """A prediction's JSON body (a `PredictionPublic`), or, when `queued_job` is set, the
+    `MeasurementQueued` body of the job `measure_missing` queued for a missing baseline."""
+
+    json: bytes
+    queued_job: str | None = None
+
+
+def create_prediction(body: PredictionCreate, services: Services) -> Answered:
     """The answer to one prediction request (see the route's description): computed once per state
     of the store and body (an answer reads nothing else), except with `measure_missing`, which may
     queue jobs."""
@@ -85,11 +94,10 @@ def create_prediction(body: PredictionCreate, services: Services) -> Response:
     if body.measure_missing:
         return _respond(body, services, state)
     key = (state, body.model_dump_json())
-    answer = _answers.get(key, lambda: _respond(body, services, state))
-    return Response(answer.body, media_type="application/json")
+    return _answers.get(key, lambda: _respond(body, services, state))
 
 
-def _respond(body: PredictionCreate, services: Services, state: StoreState) -> Response:
+def _respond(body: PredictionCreate, services: Services, state: StoreState) -> Answered:
     wanted: list[SeriesKey] = [(m.metric, m.task) for m in body.metrics]
     selector = Selector(
         dataset=body.protocol.dataset,
@@ -125,7 +133,7 @@ def _respond(body: PredictionCreate, services: Services, state: StoreState) -> R
             _better_rungs(services, item, evidence, body, {model, body.model})
         items.append(item)
     answer = PredictionPublic(model=model, method=body.method, level=body.level, metrics=items)
-    return Response(answer.model_dump_json(), media_type="application/json")
+    return Answered(answer.model_dump_json().encode())
 
 
 def _evidence(
@@ -136,7 +144,7 @@ def _evidence(
     calibration: Calibration | None,
     model_ids: list[str],
 ) -> Evidence:
-    """What the rungs of one metric read (`app.services.rungs.Evidence`): accuracy has the measured
+    """What the rungs of one metric read (`app.services.prediction.rungs.Evidence`): accuracy has the measured
     and law rungs only."""
     if series.metric != PPL:
         return Evidence(series, body.level, calibration)
@@ -168,8 +176,8 @@ def _evidence(
 def _before_pruning(
     session: Session, state: StoreState, model_ids: list[str], body: PredictionCreate, series: Series
 ) -> BeforePruning | None:
-    """The profile-based predictions (app.services.profiles), when the model has a stored profile,
-    updated with the series' own pruned points. A profile the laws cannot use (say, a dense
+    """The profile-based predictions (`app.services.prediction.profile_rung`), when the model has a
+    stored profile, updated with the series' own pruned points. A profile the laws cannot use (say, a dense
     perplexity they refuse) leaves the rest of the answer standing: logged, and the rung says so."""
     assert series.dense is not None
     try:
@@ -327,7 +335,7 @@ def _baseline_job(body: PredictionCreate, missing: list[Series]) -> tuple[dict[s
     return missing_jobs.evaluate_job(body.model, missing)
 
 
-def _missing_baseline(services: Services, body: PredictionCreate, missing: list[Series]) -> Response:
+def _missing_baseline(services: Services, body: PredictionCreate, missing: list[Series]) -> Answered:
     job_body, why_not = _baseline_job(body, missing)
     model_problem = None
     model_ids = {body.model}
@@ -354,12 +362,7 @@ def _missing_baseline(services: Services, body: PredictionCreate, missing: list[
             },
         )
         log.info("prediction waits for a baseline", model=body.model, job_id=row.id, kind=kind, reused=reused)
-        return Response(
-            queued.model_dump_json(),
-            status_code=202,
-            media_type="application/json",
-            headers={"Location": f"/v1/jobs/{row.id}"},
-        )
+        return Answered(queued.model_dump_json().encode(), queued_job=row.id)
     if job_body is not None:
         fix = f"submit `job` ({kind}; POST /v1/jobs), or repeat this request with `measure_missing: true`"
         if model_problem:

@@ -1,11 +1,11 @@
-"""Measured series from the store and the laws fitted to them: what predictions, curves and job
-reports share.
+"""Measured series, from the store or from the caller: what every law is fitted to and every rung
+reads.
 
-A *series* is what one law is fitted to: the dense baseline and the pruned points of one model,
-method, metric and protocol. Perplexity protocols are told apart by the stored protocol's
-`seqlen`, `max_windows` and `dtype` (on one dataset); an accuracy series is one task (the result's
-`dataset`) and metric, its chance level read from the protocol's `chance` (or `n_options`). Of
-repeated measurements at one sparsity the newest is used.
+A *series* is the dense baseline and the pruned points of one model, method, metric and protocol.
+Perplexity protocols are told apart by the stored protocol's `seqlen`, `max_windows` and `dtype` (on
+one dataset); an accuracy series is one task (the result's `dataset`) and metric, its chance level
+read from the protocol's `chance` (or `n_options`). Of repeated measurements at one sparsity the
+newest is used.
 
 Reads are one query on the (model_id, method, metric) index that selects the few protocol keys it
 needs, never the whole protocol JSON (a prune result's holds its calibration record and timings),
@@ -17,52 +17,43 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Literal
 
 from sqlalchemy import bindparam, select
 
 from app.schemas.predictions import (
-    CalibrationPublic,
-    CurvePointPublic,
-    CurvePublic,
-    FitQualityPublic,
     PointPublic,
     ProtocolPublic,
-    StrictErrorPublic,
-    StrictLawPublic,
 )
 from core.methods import DENSE
 from core.prediction.laws import (
-    STRICT_FORMULA,
-    Calibration,
-    FitQuality,
-    Prediction,
     PriorSlope,
     calibrate_acc,
-    calibrate_ppl,
     pool_slopes,
-    strict_ppl,
 )
 from core.store import Store
 from core.tables import Result
 
 PPL = "ppl"
 
+
 MAX_ROWS = 5_000
+
 """Newest results read for one prediction: far more than any real series, a bound for odd stores."""
+
+
 MAX_PRIOR_ROWS = 20_000
+
 """Newest results read to pool an accuracy prior over other models and tasks."""
+
+
 UNKNOWN_CHANCE_OPTIONS = 1_000_000
+
 """n_options passed to the accuracy law when the chance level is unknown: effectively no floor."""
-CURVE_GRID = tuple(round(i * 0.025, 3) for i in range(37))
-"""Sparsities a curve is drawn at: 0 to 0.9."""
-CALIBRATION_CACHE_SIZE = 4096
-"""Fitted calibrations kept per process, keyed by their points (each a few kilobytes)."""
-STRICT_OFF = 0.10
-"""Relative error on measured points above which the strict law is called off in the verdict."""
+
 
 SeriesKey = tuple[str, str | None]
+
 """(metric, task): task is None for perplexity."""
 
 
@@ -173,9 +164,6 @@ class Series:
         return [p.public() for p in [*points, *self.pruned_by_sparsity]]
 
 
-# ------------------------------------------------------------------------------------ from the store
-
-
 def _int(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
@@ -214,7 +202,6 @@ _COLUMNS = (
 )
 
 
-# One statement for every request (compiled once, prepared by psycopg after a few executions).
 _SERIES_QUERY = (
     select(*_COLUMNS)
     .where(
@@ -421,9 +408,6 @@ def n_options_for(chance: float | None) -> int:
     return max(2, round(1.0 / chance))
 
 
-# -------------------------------------------------------------------------------------- from callers
-
-
 def caller_series(
     model: str,
     method: str,
@@ -470,178 +454,5 @@ def caller_series(
         dense=dense[0] if dense else None,
         pruned=tuple(pruned),
         chance=next(iter(chances)) if chances else None,
-        notes=notes,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- fits
-
-
-def calibrate(series: Series, prior: PriorSlope | None = None) -> Calibration | None:
-    """The calibrated law of a series with a dense point; None for perplexity without pruned points
-    (only the strict law applies). Raises SeriesError when the points cannot be fitted."""
-    if series.dense is None:
-        raise SeriesError(f"no dense baseline for {series.metric}")
-    points = tuple(sorted(p.as_tuple for p in series.pruned))
-    n_options = 0 if series.metric == PPL else n_options_for(series.chance)
-    return _calibrate(series.metric, series.dense.value, points, n_options, prior)
-
-
-@lru_cache(maxsize=CALIBRATION_CACHE_SIZE)
-def _calibrate(
-    metric: str,
-    baseline: float,
-    points: tuple[tuple[float, float], ...],
-    n_options: int,
-    prior: PriorSlope | None,
-) -> Calibration | None:
-    """Fits are pure functions of their inputs and Calibrations are immutable: the same points (the
-    common case: a store that changes only when a job finishes) are fitted once per process."""
-    try:
-        if metric == PPL:
-            strict_ppl(baseline, 0.0)  # checks PPL0 > 1 even when nothing is fitted
-            return calibrate_ppl(baseline, points) if points else None
-        return calibrate_acc(baseline, points, n_options, prior=prior)
-    except (ValueError, OverflowError, ZeroDivisionError) as error:
-        raise SeriesError(str(error)) from error
-
-
-def strict_value(ppl0: float, sparsity: float) -> float | None:
-    """The strict law, or None where it overflows a float (it diverges as s -> 1)."""
-    try:
-        return finite(strict_ppl(ppl0, sparsity))
-    except OverflowError:
-        return None
-
-
-def predict(calibration: Calibration, sparsity: float, level: float) -> Prediction | None:
-    """The calibrated prediction, or None where its arithmetic overflows a float."""
-    try:
-        return calibration.predict(sparsity, level)
-    except (OverflowError, ZeroDivisionError):
-        return None
-
-
-def _law_at(calibration: Calibration, sparsity: float, level: float) -> Prediction | None:
-    """The chosen law itself, also at s = 0 (where a prediction answers the measured dense value):
-    a curve shows where a law that is not anchored at the dense point passes."""
-    try:
-        return calibration.chosen.predict(sparsity, level)
-    except (OverflowError, ZeroDivisionError):
-        return None
-
-
-def _quality(quality: FitQuality) -> FitQualityPublic:
-    return FitQualityPublic(
-        n=quality.n, r2=finite(quality.r2), max_ape=finite(quality.max_ape), mean_ape=finite(quality.mean_ape)
-    )
-
-
-def calibration_public(calibration: Calibration) -> CalibrationPublic:
-    chosen = calibration.chosen
-    return CalibrationPublic(
-        law=chosen.law,
-        formula=chosen.form.formula,
-        params={name: finite(value) for name, value in chosen.params.items()},
-        reason=calibration.reason,
-        loo_rel_error=finite(chosen.loo_rel_error),
-        sigma=finite(chosen.sigma),
-        quality={law: _quality(q) for law, q in calibration.quality.items()},
-    )
-
-
-def strict_law_public(series: Series) -> StrictLawPublic | None:
-    """How far the strict law is from the measured pruned points (perplexity with a baseline only)."""
-    if series.metric != PPL or series.dense is None:
-        return None
-    ppl0 = series.dense.value
-    errors = []
-    for point in sorted(series.pruned, key=lambda p: p.sparsity):
-        strict = strict_value(ppl0, point.sparsity)
-        rel = None if strict is None else strict / point.value - 1.0
-        errors.append(
-            StrictErrorPublic(sparsity=point.sparsity, measured=point.value, strict=strict, rel_error=rel)
-        )
-    rels = [abs(e.rel_error) if e.rel_error is not None else math.inf for e in errors]
-    worst = max(rels, default=None)
-    mean = sum(rels) / len(rels) if rels else None
-    if not errors:
-        verdict = "no measured pruned point: the strict law cannot be checked here; it has no error estimate"
-    else:
-        shown = ", ".join(
-            f"{e.rel_error:+.0%} at s = {e.sparsity:g}"
-            if e.rel_error is not None
-            else f"overflow at s = {e.sparsity:g}"
-            for e in errors
-        )
-        if worst is not None and worst > STRICT_OFF:
-            verdict = f"the strict law is off by {shown} on the measured points: use the calibrated law"
-        else:
-            verdict = f"the strict law matches the measured points within {STRICT_OFF:.0%} ({shown})"
-    return StrictLawPublic(
-        formula=STRICT_FORMULA,
-        errors=errors,
-        max_abs_rel_error=finite(worst),
-        mean_abs_rel_error=finite(mean),
-        verdict=verdict,
-    )
-
-
-def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -> list[CurvePointPublic]:
-    """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. A law not
-    anchored at the dense point (the affine one) would draw its own intercept at s = 0,
-    contradicting the baseline it was fitted with: it is drawn from its first fitted point on."""
-    start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
-    if start > 0.0:
-        flags.add("drawn_from_first_point")
-    calibrated = []
-    for s in CURVE_GRID:
-        if s < start - 1e-12:
-            calibrated.append(CurvePointPublic(sparsity=s, value=None))
-            continue
-        p = _law_at(calibration, s, level)
-        low, high = p.band if p is not None and p.band else (None, None)
-        point = CurvePointPublic(
-            sparsity=s, value=finite(p.value) if p else None, low=finite(low), high=finite(high)
-        )
-        if None in (point.value, point.low, point.high):
-            flags.add("non_finite")
-        if p is not None:
-            flags.update(f for f in p.flags if f in ("prior", "clipped_at_chance", "diverged"))
-        calibrated.append(point)
-    return calibrated
-
-
-def build_curve(series: Series, calibration: Calibration | None, level: float) -> CurvePublic:
-    """Measured points, the strict law (perplexity) and the calibrated law with band on CURVE_GRID."""
-    if series.dense is None:
-        raise SeriesError(f"no dense baseline for {series.metric}")
-    flags: set[str] = set()
-    strict = None
-    if series.metric == PPL:
-        strict = [CurvePointPublic(sparsity=s, value=strict_value(series.dense.value, s)) for s in CURVE_GRID]
-    calibrated = None if calibration is None else _calibrated_curve(calibration, level, flags)
-    notes = list(series.notes)
-    if "non_finite" in flags:
-        notes.append("null values: the law has no finite value (or band edge) there; JSON has no infinity")
-    if calibration is None:
-        notes.append("no measured pruned point: only the strict law is drawn")
-    if "drawn_from_first_point" in flags:
-        notes.append(
-            "the calibrated law is not anchored at the dense point (its intercept is free), so it is "
-            "drawn from its smallest fitted sparsity on, never through a dense value it contradicts"
-        )
-    return CurvePublic(
-        model=series.model,
-        method=series.method,
-        metric=series.metric,
-        task=series.task,
-        protocol=series.protocol(),
-        level=level,
-        measured=series.measured(),
-        strict=strict,
-        calibrated=calibrated,
-        calibration=calibration_public(calibration) if calibration else None,
-        flags=sorted(flags),
         notes=notes,
     )

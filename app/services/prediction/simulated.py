@@ -14,9 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.schemas.predictions import CurvePointPublic
+from app.services.prediction.series import finite
+from app.services.prediction.store_state import StateCache, StoreState, store_state
 from app.services.profiles import calibration_key
-from app.services.series import finite
-from app.services.store_state import StateCache, StoreState, store_state
 from core.prediction.anchoring import ANCHORED_LAW, SIMULATED_ROLE
 from core.prediction.backtests import HeldOut, Score
 from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result

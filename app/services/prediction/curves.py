@@ -15,23 +15,99 @@ from app.schemas.predictions import (
     PredictionPublic,
     ProtocolSelector,
 )
-from app.services.predictions import create_prediction
-from app.services.profiles import newest_profiles, predict_before_pruning
-from app.services.series import (
-    CURVE_GRID,
+from app.services.prediction.answer import create_prediction
+from app.services.prediction.law_values import calibrate, calibration_public, strict_value
+from app.services.prediction.profile_rung import predict_before_pruning
+from app.services.prediction.series import (
     PPL,
     Selector,
     Series,
     SeriesError,
-    build_curve,
-    calibrate,
     finite,
     load_series,
     pooled_accuracy_prior,
 )
-from app.services.simulated import newest_simulation
-from core.prediction.laws import DEFAULT_LEVEL
+from app.services.prediction.simulated import newest_simulation
+from app.services.profiles import newest_profiles
+from core.prediction.laws import (
+    DEFAULT_LEVEL,
+    Calibration,
+    Prediction,
+)
 from core.profiles import METHOD_FEATURES
+
+CURVE_GRID = tuple(round(i * 0.025, 3) for i in range(37))
+
+"""Sparsities a curve is drawn at: 0 to 0.9."""
+
+
+def _law_at(calibration: Calibration, sparsity: float, level: float) -> Prediction | None:
+    """The chosen law itself, also at s = 0 (where a prediction answers the measured dense value):
+    a curve shows where a law that is not anchored at the dense point passes."""
+    try:
+        return calibration.chosen.predict(sparsity, level)
+    except (OverflowError, ZeroDivisionError):
+        return None
+
+
+def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -> list[CurvePointPublic]:
+    """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. A law not
+    anchored at the dense point (the affine one) would draw its own intercept at s = 0,
+    contradicting the baseline it was fitted with: it is drawn from its first fitted point on."""
+    start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
+    if start > 0.0:
+        flags.add("drawn_from_first_point")
+    calibrated = []
+    for s in CURVE_GRID:
+        if s < start - 1e-12:
+            calibrated.append(CurvePointPublic(sparsity=s, value=None))
+            continue
+        p = _law_at(calibration, s, level)
+        low, high = p.band if p is not None and p.band else (None, None)
+        point = CurvePointPublic(
+            sparsity=s, value=finite(p.value) if p else None, low=finite(low), high=finite(high)
+        )
+        if None in (point.value, point.low, point.high):
+            flags.add("non_finite")
+        if p is not None:
+            flags.update(f for f in p.flags if f in ("prior", "clipped_at_chance", "diverged"))
+        calibrated.append(point)
+    return calibrated
+
+
+def build_curve(series: Series, calibration: Calibration | None, level: float) -> CurvePublic:
+    """Measured points, the strict law (perplexity) and the calibrated law with band on CURVE_GRID."""
+    if series.dense is None:
+        raise SeriesError(f"no dense baseline for {series.metric}")
+    flags: set[str] = set()
+    strict = None
+    if series.metric == PPL:
+        strict = [CurvePointPublic(sparsity=s, value=strict_value(series.dense.value, s)) for s in CURVE_GRID]
+    calibrated = None if calibration is None else _calibrated_curve(calibration, level, flags)
+    notes = list(series.notes)
+    if "non_finite" in flags:
+        notes.append("null values: the law has no finite value (or band edge) there; JSON has no infinity")
+    if calibration is None:
+        notes.append("no measured pruned point: only the strict law is drawn")
+    if "drawn_from_first_point" in flags:
+        notes.append(
+            "the calibrated law is not anchored at the dense point (its intercept is free), so it is "
+            "drawn from its smallest fitted sparsity on, never through a dense value it contradicts"
+        )
+    return CurvePublic(
+        model=series.model,
+        method=series.method,
+        metric=series.metric,
+        task=series.task,
+        protocol=series.protocol(),
+        level=level,
+        measured=series.measured(),
+        strict=strict,
+        calibrated=calibrated,
+        calibration=calibration_public(calibration) if calibration else None,
+        flags=sorted(flags),
+        notes=notes,
+    )
 
 
 def load_curve(
@@ -102,12 +178,12 @@ def _answer_curve(services: Services, series: Series, level: float) -> list[Answ
         level=level,
     )
     try:
-        response = create_prediction(body, services)
+        answered = create_prediction(body, services)
     except ProblemError:
         return None
-    if response.status_code != 200:
+    if answered.queued_job is not None:
         return None
-    [metric] = PredictionPublic.model_validate_json(bytes(response.body)).metrics
+    [metric] = PredictionPublic.model_validate_json(answered.json).metrics
     return [
         AnswerPointPublic(
             sparsity=p.sparsity,

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from app.deps import Services
 from app.schemas.predictions import PredictionCreate
 from app.services.jobs import create_job
-from app.services.series import PPL, Series
+from app.services.prediction.series import PPL, Series
 from core.methods import simulated_methods
 from core.profiles import METHOD_FEATURES
 from core.specs import JobCreate
