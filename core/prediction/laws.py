@@ -541,7 +541,7 @@ class Calibration:
                 fitted_on=(),
                 flags=("measured",),
             )
-        p = self.chosen.predict(s, level)
+        p = self._from_dense_short_of_first_point(self.chosen.predict(s, level), level)
         notes = (f"law chosen: {self.reason}", *self.notes, *p.notes)
         if self.strict_law_errors:
             errors = ", ".join(f"{err:+.0%} at s = {at:g}" for at, err in self.strict_law_errors)
@@ -549,6 +549,28 @@ class Calibration:
         return replace(
             p, flags=(*self.flags, *p.flags), notes=notes, strict_law_errors=self.strict_law_errors
         )
+
+
+    def _from_dense_short_of_first_point(self, p: Prediction, level: float) -> Prediction:
+        """A perplexity law not anchored at the dense point (the affine one, its intercept free) says
+        nothing trustworthy short of its first fitted point: at s = 0 it can say 36 where the dense
+        model measures 30, or fall below 30. There the answer is ln PPL interpolated between the
+        dense point and the law at that first point (flag `interpolated_from_dense`), its band moved
+        with it; a form fixed before anything scored it, with no constant of its own. Backtests and
+        answers both call this, so the record scores what is answered."""
+        if self.metric != "ppl" or self.chosen.form.anchored:
+            return p
+        first = min((point[0] for point in self.chosen.points), default=None)
+        if first is None or not 0.0 < p.sparsity < first:
+            return p
+        at_first = self.chosen.predict(first, level).value
+        if not (math.isfinite(at_first) and at_first > 0.0):
+            return p
+        value = self.baseline * (at_first / self.baseline) ** (p.sparsity / first)
+        band = p.band
+        if band is not None and math.isfinite(p.value) and p.value > 0.0:
+            band = (band[0] * value / p.value, band[1] * value / p.value)
+        return replace(p, value=value, band=band, flags=(*p.flags, "interpolated_from_dense"))
 
 
 def calibrate_ppl(

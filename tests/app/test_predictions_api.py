@@ -327,10 +327,11 @@ def test_a_curve_draws_the_answer_a_prediction_gives_with_its_rung(
     assert "the answer (law, measured)" in svg  # its rungs, in the order the grid meets them
 
 
-def test_a_drawn_affine_law_never_passes_through_a_dense_value_it_contradicts(
+def test_a_drawn_affine_law_passes_through_the_dense_value_it_was_fitted_with(
     api: TestClient, clean_store: Store
 ) -> None:
-    """ln PPL0 / ln PPL = a + b (1 - s) with a + b = 0.95: at s = 0 the law says 36, not 30."""
+    """ln PPL0 / ln PPL = a + b (1 - s) with a + b = 0.95: at s = 0 the law says 36, not 30. The
+    curve draws what the law rung answers: 30 at s = 0, ln PPL interpolated up to the first point."""
     ppl0, a, b = 30.0, 0.45, 0.5
     add_series(
         clean_store, OPT, ppl0, [(s, ppl0 ** (1 / (a + b * (1 - s)))) for s in (0.1, 0.2, 0.3, 0.4, 0.5)]
@@ -338,8 +339,10 @@ def test_a_drawn_affine_law_never_passes_through_a_dense_value_it_contradicts(
     curve = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "method": "slicegpt"}).json()
     assert curve["calibration"]["law"] == "affine"
     drawn = {p["sparsity"]: p["value"] for p in curve["calibrated"]}
-    assert drawn[0.0] is None and drawn[0.075] is None and drawn[0.1] == pytest.approx(ppl0 ** (1 / 0.9))
-    assert "drawn_from_first_point" in curve["flags"]
+    at_first = ppl0 ** (1 / 0.9)
+    assert drawn[0.0] == pytest.approx(ppl0) and drawn[0.1] == pytest.approx(at_first)
+    assert drawn[0.05] == pytest.approx(ppl0 * (at_first / ppl0) ** 0.5)
+    assert "interpolated_from_dense" in curve["flags"] and "drawn_from_first_point" not in curve["flags"]
     assert any("not anchored at the dense point" in note for note in curve["notes"])
     svg = api.get(f"/v1/models/{OPT}/curves", params={"metric": "ppl", "format": "svg"})
     assert svg.status_code == 200

@@ -42,19 +42,20 @@ CURVE_GRID = tuple(round(i * 0.025, 3) for i in range(37))
 
 
 def _law_at(calibration: Calibration, sparsity: float, level: float) -> Prediction | None:
-    """The chosen law itself, also at s = 0 (where a prediction answers the measured dense value):
-    a curve shows where a law that is not anchored at the dense point passes."""
+    """The calibrated law as an answer gives it (`Calibration.predict`): the dense value at s = 0 and,
+    short of an affine perplexity law's first fitted point, ln PPL interpolated from it."""
     try:
-        return calibration.chosen.predict(sparsity, level)
+        return calibration.predict(sparsity, level)
     except (OverflowError, ZeroDivisionError):
         return None
 
 
 def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -> list[CurvePointPublic]:
-    """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. A law not
-    anchored at the dense point (the affine one) would draw its own intercept at s = 0,
-    contradicting the baseline it was fitted with: it is drawn from its first fitted point on."""
-    start = 0.0 if calibration.chosen.form.anchored else min(p[0] for p in calibration.chosen.points)
+    """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. It passes
+    through the dense baseline it was fitted with; an accuracy law not anchored there (its intercept
+    free) is drawn from its first fitted point on instead, never through a dense value it contradicts."""
+    anchored = calibration.chosen.form.anchored or calibration.metric == PPL
+    start = 0.0 if anchored else min(p[0] for p in calibration.chosen.points)
     if start > 0.0:
         flags.add("drawn_from_first_point")
     calibrated = []
@@ -70,7 +71,8 @@ def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -
         if None in (point.value, point.low, point.high):
             flags.add("non_finite")
         if p is not None:
-            flags.update(f for f in p.flags if f in ("prior", "clipped_at_chance", "diverged"))
+            kept = ("prior", "clipped_at_chance", "diverged", "interpolated_from_dense")
+            flags.update(f for f in p.flags if f in kept)
         calibrated.append(point)
     return calibrated
 
@@ -93,6 +95,11 @@ def build_curve(series: Series, calibration: Calibration | None, level: float) -
         notes.append(
             "the calibrated law is not anchored at the dense point (its intercept is free), so it is "
             "drawn from its smallest fitted sparsity on, never through a dense value it contradicts"
+        )
+    if "interpolated_from_dense" in flags:
+        notes.append(
+            "the calibrated law is not anchored at the dense point (its intercept is free): short of its "
+            "smallest fitted sparsity it is drawn, and answers, ln PPL interpolated from the dense value"
         )
     return CurvePublic(
         model=series.model,

@@ -287,10 +287,7 @@ def _calibrated(evidence: Evidence, calibration: Calibration, s: float) -> Estim
     if prediction.band is not None and all(math.isfinite(b) and b > 0 for b in prediction.band):
         own_sd = log_sd_of_band(prediction.value, prediction.band, evidence.level)
     flags = tuple(f for f in prediction.flags if f != "band_from_prior")
-    value = prediction.value
-    interpolated = _short_of_first_point(evidence, calibration, s)
-    if interpolated is not None:
-        value, flags = interpolated, (*flags, "interpolated_from_dense")
+    value = prediction.value  # short of an affine law's first point: from dense (`Calibration.predict`)
     sd = own_sd
     if one_point:
         # One point pins one number; how far that carries is read off the one-point record.
@@ -301,22 +298,6 @@ def _calibrated(evidence: Evidence, calibration: Calibration, s: float) -> Estim
         return Estimate(Rung.LAW, s, value, None, name, source, what, flags=(*flags, "band_unknown"))
     band = lognormal_band(value, sd, evidence.level, floor=evidence.ppl0)
     return Estimate(Rung.LAW, s, value, band, name, source, what, flags=flags)
-
-
-def _short_of_first_point(evidence: Evidence, calibration: Calibration, s: float) -> float | None:
-    """A perplexity law not anchored at the dense point (the affine one, with a free intercept) says
-    nothing trustworthy short of its first fitted point, where it can even fall below the dense value
-    it was fitted with: there the answer is ln PPL interpolated between the dense point and the law at
-    that first point, as the curve draws it. None elsewhere, and for anchored laws."""
-    if calibration.chosen.form.anchored:
-        return None
-    first = min((point[0] for point in calibration.chosen.points), default=None)
-    if first is None or not 0.0 < s < first:
-        return None
-    at_first = predict(calibration, first, evidence.level)
-    if at_first is None or not math.isfinite(at_first.value) or at_first.value <= 0.0:
-        return None
-    return evidence.ppl0 * (at_first.value / evidence.ppl0) ** (s / first)
 
 
 def _distance_rate(record: Score | None) -> float | None:

@@ -12,6 +12,7 @@ from core.prediction import feature_laws
 from core.prediction.backtests import (
     CALIBRATED,
     FACE_VALUE,
+    LOSO,
     ONE_POINT,
     STRICT,
     ZERO_CURVE,
@@ -19,7 +20,7 @@ from core.prediction.backtests import (
     Curve,
     backtest,
 )
-from core.prediction.laws import strict_ppl
+from core.prediction.laws import calibrate_ppl, strict_ppl
 from core.profiles import FEATURES, LensMeans, SignalSpectrum, feature_value, lens_value
 
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -162,3 +163,16 @@ def test_the_exponent_spread_widens_the_band_away_from_where_c_was_pinned() -> N
     expected = math.hypot(0.03, 3.0 * 0.08**0.6 * math.log(0.08 / 0.02) * 0.1)
     assert far.log_sd == pytest.approx(expected)
     assert far.value == pytest.approx(25.0 * math.exp(3.0 * 0.08**0.6))
+
+
+def test_the_calibrated_record_scores_what_the_law_rung_answers_short_of_the_first_point() -> None:
+    """Leave-one-sparsity-out holds out s = 0.1 of an affine curve: the law fitted on 0.2-0.5 answers
+    there from the dense value (`Calibration.predict`), and that answer is what the record scores."""
+    ppl0, a, b = 30.0, 0.45, 0.5
+    points = tuple((s, ppl0 ** (1 / (a + b * (1 - s)))) for s in (0.1, 0.2, 0.3, 0.4, 0.5))
+    scores = backtest([Curve("affine curve", "m", "slicegpt", ppl0, points)])
+    [loso] = [s for s in scores if s.predictor == CALIBRATED and s.mode == LOSO]
+    held = next(p for p in loso.points if p.sparsity == 0.1)
+    answered = calibrate_ppl(ppl0, points[1:]).predict(0.1)
+    assert held.predicted == pytest.approx(answered.value)
+    assert "interpolated_from_dense" in answered.flags

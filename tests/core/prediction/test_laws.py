@@ -112,6 +112,24 @@ def test_fitting_recovers_affine_parameters_from_noisy_synthetic_points() -> Non
     assert "leave-one-out" in cal.reason
 
 
+def test_an_affine_law_short_of_its_first_point_answers_from_the_dense_value() -> None:
+    """Its free intercept says 36 at s = 0 where the dense model measures 30: between 0 and the first
+    fitted point the law answers ln PPL interpolated from the dense value, its band moved with it."""
+    ppl0, a, b = 30.0, 0.45, 0.5
+    points = [(s, ppl0 ** (1 / (a + b * (1 - s)))) for s in (0.2, 0.3, 0.4, 0.5)]
+    cal = calibrate_ppl(ppl0, points)
+    assert cal.chosen.law == "affine"
+    raw, answered = cal.chosen.predict(0.1), cal.predict(0.1)
+    at_first = cal.predict(0.2).value
+    assert answered.value == pytest.approx(ppl0 * (at_first / ppl0) ** 0.5)
+    assert abs(raw.value / answered.value - 1.0) > 0.01  # the raw law differs by more than the tolerance
+    assert "interpolated_from_dense" in answered.flags and "interpolated_from_dense" not in raw.flags
+    assert answered.band is not None and raw.band is not None
+    assert answered.band[1] / answered.band[0] == pytest.approx(raw.band[1] / raw.band[0])
+    assert "interpolated_from_dense" not in cal.predict(0.25).flags
+    assert cal.predict(0.25).value == pytest.approx(cal.chosen.predict(0.25).value)
+
+
 def test_two_points_on_the_anchored_law_keep_the_simpler_law() -> None:
     cal = calibrate_ppl(20.0, [(s, 20.0 ** (1 / (1 - 0.8 * s))) for s in (0.1, 0.2)])
     assert cal.chosen.law == "alpha" and "simpler law is kept" in cal.reason
