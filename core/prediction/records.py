@@ -90,6 +90,24 @@ def nested(candidates: Mapping[str, Sequence[M]]) -> list[M]:
     return record
 
 
+class DistanceMissed(Missed, Protocol):
+    """A held-out point of a one-point law, with its distance from the point the law was fitted on."""
+
+    @property
+    def distance(self) -> float | None: ...
+
+
+def distance_rate(misses: Sequence[DistanceMissed]) -> float | None:
+    """tau of a one-point band's sd = tau |s - s_point|: the misses' |ln| error per unit of distance
+    from the point they were fitted on, as a root mean square pooled model -> curve; None under
+    `MIN_POINTS` usable misses."""
+    usable = [m for m in misses if m.distance and math.isfinite(m.log_error)]
+    if len(usable) < MIN_POINTS:
+        return None
+    square = pooled_mean(usable, lambda m: (m.log_error / (m.distance or math.inf)) ** 2)
+    return None if square is None else math.sqrt(square)
+
+
 @dataclass(frozen=True)
 class Summary:
     """A record in numbers: typical (pooled mean) and worst |ln| miss, the pooled RMS a band uses,

@@ -31,7 +31,7 @@ from core.prediction.backtests import (
 )
 from core.prediction.bands import combined_sd, log_sd_of_band, lognormal_band
 from core.prediction.laws import Calibration, strict_ppl
-from core.prediction.records import MIN_POINTS, RELIABLE_FACTOR, Summary, Verdict, pooled_mean, verdict
+from core.prediction.records import MIN_POINTS, RELIABLE_FACTOR, Summary, Verdict, distance_rate, verdict
 from core.prediction.registry import SIMULATION_BENCH
 from core.prediction.rungs import STRICT as STRICT_RUNG
 from core.prediction.rungs import Estimate, Rung
@@ -291,25 +291,13 @@ def _calibrated(evidence: Evidence, calibration: Calibration, s: float) -> Estim
     sd = own_sd
     if one_point:
         # One point pins one number; how far that carries is read off the one-point record.
-        rate = _distance_rate(record)
+        rate = None if record is None else distance_rate(record.points)
         distance = min((abs(s - p[0]) for p in calibration.chosen.points), default=s)
         sd = None if rate is None else max(own_sd or 0.0, rate * distance)
     if sd is None:
         return Estimate(Rung.LAW, s, value, None, name, source, what, flags=(*flags, "band_unknown"))
     band = lognormal_band(value, sd, evidence.level, floor=evidence.ppl0)
     return Estimate(Rung.LAW, s, value, band, name, source, what, flags=flags)
-
-
-def _distance_rate(record: Score | None) -> float | None:
-    """tau of sd = tau |s - s_point|: the one-point record's |ln| misses per unit of distance from
-    the point they were fitted on, as a root mean square pooled model -> curve."""
-    if record is None:
-        return None
-    misses = [p for p in record.points if p.distance and math.isfinite(p.log_error)]
-    if len(misses) < MIN_POINTS:
-        return None
-    square = pooled_mean(misses, lambda m: (m.log_error / (m.distance or math.inf)) ** 2)
-    return None if square is None else math.sqrt(square)
 
 
 # -------------------------------------------------------------------------------------------- strict
