@@ -26,9 +26,12 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    event,
 )
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from core import store_generation
 
 
 def utcnow() -> datetime:
@@ -290,3 +293,21 @@ class ProfileLinear(Base):
     output_energy: Mapped[float] = mapped_column(Float)  # tr(W C W^T), mean squared output per token
     errors: Mapped[dict[str, list[float]]] = mapped_column(JSON)  # rule -> e(s) per profile sparsity
     profile: Mapped[Profile] = relationship(back_populates="linears")
+
+
+class StoreGeneration(Base):
+    """One row: a counter bumped by triggers whenever what predictions read changes
+    (`core.store_generation`), so a prediction's caches are keyed by one primary-key read."""
+
+    __tablename__ = store_generation.TABLE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+@event.listens_for(Base.metadata, "after_create")
+def _install_store_generation(target: Any, connection: Connection, **kw: Any) -> None:
+    """`create_all` (tests, scratch stores) gets the same triggers as a migrated store."""
+    if any(table.name == store_generation.TABLE for table in kw.get("tables", ())):
+        for statement in store_generation.install_statements(connection.dialect.name):
+            connection.exec_driver_sql(statement)

@@ -28,6 +28,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from app.main import create_app
+from core import store_generation
 from core.migrate import upgrade
 from core.settings import Settings
 from core.store import Store
@@ -99,11 +100,14 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def clean_store(pg_url: str) -> Iterator[Store]:
-    """The run's Postgres store, emptied before each test."""
+    """The run's Postgres store, emptied before each test. TRUNCATE fires no row trigger, so the
+    store's generation (kept, with its one row) is bumped by hand: answers cached for the last test's
+    store must not answer for this one."""
     store = Store(pg_url)
     with store.session() as session:
-        tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
+        tables = ", ".join(t.name for t in Base.metadata.sorted_tables if t.name != store_generation.TABLE)
         session.execute(text(f"TRUNCATE {tables} CASCADE"))
+        session.execute(text(f"UPDATE {store_generation.TABLE} SET generation = generation + 1"))
     yield store
     store.dispose()
 

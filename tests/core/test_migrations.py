@@ -30,9 +30,10 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0009 added probe_points.convention, 0008 profile_linears, 0007 jobs.parent_id, 0006 the
+# Revision 0010 added store_generation, 0009 probe_points.convention, 0008 profile_linears, 0007 jobs.parent_id, 0006 the
 # probe points' spread, 0005 the profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
-BEFORE_0009 = {**EXPECTED, "probe_points": EXPECTED["probe_points"] - {"convention"}}
+BEFORE_0010 = {name: columns for name, columns in EXPECTED.items() if name != "store_generation"}
+BEFORE_0009 = {**BEFORE_0010, "probe_points": EXPECTED["probe_points"] - {"convention"}}
 BEFORE_0008 = {name: columns for name, columns in BEFORE_0009.items() if name != "profile_linears"}
 BEFORE_0007 = {**BEFORE_0008, "jobs": EXPECTED["jobs"] - {"parent_id"}}
 SPREAD = {"n", "stderr", "value_min", "value_max"}
@@ -339,4 +340,29 @@ def test_convention_migration_reads_old_points_as_prunecast_and_downgrades_back(
     store = Store(url)
     with store.session() as session:
         assert session.scalar(text("SELECT count(*) FROM probe_points")) == 1
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_generation_migration_counts_from_zero_and_downgrades_back(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0009")
+    assert _schema(url) == BEFORE_0010
+    store = Store(url)
+    _insert_job(store, "job-1", "evaluate", status="succeeded")
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        assert session.scalar(text("SELECT generation FROM store_generation WHERE id = 1")) == 0
+    store.dispose()
+    command.downgrade(alembic_config(url), "0009")
+    assert _schema(url) == BEFORE_0010
+    store = Store(url)
+    with store.session() as session:  # the triggers left with the table: writes still work
+        session.execute(text("UPDATE jobs SET status = 'failed' WHERE id = 'job-1'"))
+        assert session.scalar(text("SELECT count(*) FROM jobs")) == 1
     store.dispose()

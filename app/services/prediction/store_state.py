@@ -1,10 +1,7 @@
-"""What predictions read, summed up in one round trip, so that their records, priors and profile
-answers are computed when the store changes rather than on every request.
-
-Results, fits and profiles are only ever inserted or deleted, so their count, largest id and newest
-creation time change whenever their content does (a reused id comes with a newer time); a job that
-succeeds changes the count of succeeded jobs and their newest finish time (a simulation's rows count
-only once its job has succeeded).
+"""What predictions read, summed up in one primary-key read: the store's generation, a counter that
+triggers bump whenever a result, fit or profile is written or deleted, or a job enters or leaves
+`succeeded` (`core.store_generation`). Records, priors, profile answers and whole answers are
+computed once per generation rather than on every request.
 """
 
 from __future__ import annotations
@@ -14,39 +11,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.store import Store
-from core.tables import Fit, Job, JobStatus, Profile, Result
+from core.tables import StoreGeneration
 
 T = TypeVar("T")
 StoreState = tuple[Any, ...]
 
-
-def _state_statement() -> Select[Any]:
-    columns = []
-    for table in (Result, Fit, Profile):
-        columns += [
-            select(func.count(table.id)).scalar_subquery(),
-            select(func.max(table.id)).scalar_subquery(),
-            select(func.max(table.created_at)).scalar_subquery(),
-        ]
-    succeeded = Job.status == JobStatus.succeeded
-    columns += [
-        select(func.count(Job.id)).where(succeeded).scalar_subquery(),
-        select(func.max(Job.finished_at)).where(succeeded).scalar_subquery(),
-    ]
-    return select(*columns)
-
-
-STATE_STATEMENT = _state_statement()
+STATE_STATEMENT = select(StoreGeneration.generation).where(StoreGeneration.id == 1)
 """Built once: compiled once per process, then one round trip per request."""
 
 
 def store_state(source: Session | Store) -> StoreState:
-    """The store's state as predictions see it, in one statement: on the store's autocommit reader
-    (no transaction around it) when given the store, else in the session."""
+    """The store's state as predictions see it (its URL and generation): on the store's autocommit
+    reader (no transaction around it) when given the store, else in the session."""
     if isinstance(source, Store):
         (row,) = source.read(STATE_STATEMENT)
         return (source.url, *row)
