@@ -550,7 +550,6 @@ class Calibration:
             p, flags=(*self.flags, *p.flags), notes=notes, strict_law_errors=self.strict_law_errors
         )
 
-
     def _from_dense_short_of_first_point(self, p: Prediction, level: float) -> Prediction:
         """A perplexity law not anchored at the dense point (the affine one, its intercept free) says
         nothing trustworthy short of its first fitted point: at s = 0 it can say 36 where the dense

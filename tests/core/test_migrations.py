@@ -30,8 +30,9 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0010 added store_generation, 0009 probe_points.convention, 0008 profile_linears, 0007 jobs.parent_id, 0006 the
-# probe points' spread, 0005 the profile tables, 0004 jobs.progress_at, 0003 probe_points.probe.
+# Revision 0010 added store_generation, 0009 probe_points.convention, 0008 profile_linears, 0007
+# jobs.parent_id, 0006 the probe points' spread, 0005 the profile tables, 0004 jobs.progress_at, 0003
+# probe_points.probe.
 BEFORE_0010 = {name: columns for name, columns in EXPECTED.items() if name != "store_generation"}
 BEFORE_0009 = {**BEFORE_0010, "probe_points": EXPECTED["probe_points"] - {"convention"}}
 BEFORE_0008 = {name: columns for name, columns in BEFORE_0009.items() if name != "profile_linears"}
