@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -65,14 +67,30 @@ def require_token(
         raise ProblemError(
             401, "send 'Authorization: Bearer <token>'", slug="unauthorized", headers=challenge
         )
-    if not _valid(credentials, tokens):
+    if not _valid(credentials.credentials, tokens):
         raise ProblemError(401, "the bearer token is not valid", slug="unauthorized", headers=challenge)
 
 
-def _valid(credentials: HTTPAuthorizationCredentials, tokens: Sequence[str]) -> bool:
+def _valid(presented: str, tokens: Sequence[str]) -> bool:
     # Header values arrive decoded as latin-1; compared as bytes, a non-ASCII token is just wrong.
-    presented = credentials.credentials.encode("latin-1")
-    return any(hmac.compare_digest(presented, token.encode()) for token in tokens)
+    raw = presented.encode("latin-1")
+    return any(hmac.compare_digest(raw, token.encode()) for token in tokens)
+
+
+def carries_token(authorization: str, tokens: Sequence[str], *, basic: bool = False) -> bool:
+    """True when an `Authorization` header value carries one of `tokens`: as a bearer token, or, with
+    `basic`, as the password of Basic credentials (any user name), which is what a browser sends for
+    a page once its login prompt is filled in: a browser cannot add a bearer header to a page it opens."""
+    scheme, _, value = authorization.partition(" ")
+    value = value.strip()
+    if basic and scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value, validate=True).decode("latin-1").partition(":")[2]
+        except binascii.Error:
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return bool(value) and _valid(value, tokens)
 
 
 def is_trusted(services: ServicesDep, request: Request) -> bool:
@@ -80,12 +98,7 @@ def is_trusted(services: ServicesDep, request: Request) -> bool:
     configured, or it sent a valid one. For public endpoints that say more to a trusted caller; the
     header is read by hand so that OpenAPI does not mark such an endpoint as needing a token."""
     tokens = services.settings.api_tokens
-    if not tokens:
-        return True
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return False
-    return _valid(HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()), tokens)
+    return not tokens or carries_token(request.headers.get("authorization", ""), tokens)
 
 
 TrustedDep = Annotated[bool, Depends(is_trusted)]

@@ -13,8 +13,9 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from app.deps import Services, require_token
+from app.docs_access import DocsGate
 from app.metrics import HttpMetrics, HttpMetricsMiddleware, StoreCollector
-from app.middleware import BodySizeLimit, StorableText
+from app.middleware import BodySizeLimit, StorableText, document_storable_text
 from app.problems import LastResort, document_problems, install_problem_handlers
 from app.queueing import make_queue
 from app.reconciler import Reconciler
@@ -104,6 +105,8 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
     # Swagger UI and ReDoc served from the package's own copies, never from a CDN: the machines the
     # service runs on often have no internet access, and a CDN-loaded /docs is then a blank page.
     app = FastAPIOffline(
+        docs_url=DOCS_URL,
+        redoc_url=REDOC_URL,
         title="prunecast",
         version="0.1.0",
         description=DESCRIPTION,
@@ -121,6 +124,9 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
     )
     # Added innermost first: LastResort sits inside Starlette's own error middleware.
     app.add_middleware(LastResort)
+    if settings.docs_require_token and settings.api_tokens:
+        docs = [app.openapi_url, DOCS_URL, REDOC_URL, app.swagger_ui_oauth2_redirect_url]
+        app.add_middleware(DocsGate, tokens=settings.api_tokens, paths=[path for path in docs if path])
     app.add_middleware(StorableText)
     app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(registry))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -135,12 +141,17 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
                 tags=app.openapi_tags,
             )
             protected_paths = {"/v1/", "/metrics"} if settings.metrics_require_token else {"/v1/"}
-            app.openapi_schema = document_problems(schema, protected=protected_paths)
+            schema = document_problems(schema, protected=protected_paths)
+            app.openapi_schema = document_storable_text(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
 
+
+DOCS_URL = "/docs"
+REDOC_URL = "/redoc"
+"""Swagger UI and ReDoc; behind the API token with /openapi.json when PRUNECAST_DOCS_REQUIRE_TOKEN is set."""
 
 PROTECTED_ROUTERS = (
     jobs.router,

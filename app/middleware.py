@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from starlette.requests import Request
@@ -91,3 +94,59 @@ def _invalid_parameter(scope: Scope) -> tuple[str, str] | None:
             if (what := invalid_character(text)) is not None:
                 return f"query {key!r}", what
     return None
+
+
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+"""What a request string may hold, as a JSON Schema pattern. Lone surrogates are refused too, but no
+client can send one in a query (UTF-8 cannot encode it) and JSON Schema strings are Unicode text
+without them; naming them would also make JavaScript's non-Unicode regexes refuse every emoji."""
+
+_ONE_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs")
+_FIXED_TEXT = frozenset({"pattern", "enum", "const", "format"})
+
+
+def document_storable_text(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make the OpenAPI document say what StorableText and the request models refuse: every free
+    string of a path or query parameter or a request body (one without a pattern, enum or const of
+    its own) gets a pattern excluding NUL, so a client that follows the spec never meets that 422.
+    Response schemas are left alone: a problem's `instance` echoes the path it refused."""
+    schema = copy.deepcopy(schema)  # models' `json_schema_extra` dicts may be shared into it
+    components = schema.get("components", {}).get("schemas", {})
+    followed: set[str] = set()
+    pending = list(_request_schemas(schema))
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        reference = node.get("$ref")
+        if reference and reference not in followed:
+            followed.add(reference)
+            pending.append(components.get(reference.rsplit("/", 1)[1]))
+        if node.get("type") == "string" and not _FIXED_TEXT & node.keys():
+            node["pattern"] = NO_NUL_PATTERN
+        pending.extend(_subschemas(node))
+    return schema
+
+
+def _request_schemas(schema: dict[str, Any]) -> Iterator[Any]:
+    """The schemas of every path and query parameter and request body."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") in ("path", "query"):
+                    yield parameter.get("schema")
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                yield media.get("schema")
+
+
+def _subschemas(node: dict[str, Any]) -> Iterator[Any]:
+    """The schemas directly inside `node` (its `$ref` aside)."""
+    for key in _ONE_SUBSCHEMA:
+        if key in node:
+            yield node[key]
+    for key in _SUBSCHEMA_LISTS:
+        yield from node.get(key, [])
+    for key in _SUBSCHEMA_MAPS:
+        yield from node.get(key, {}).values()

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as StarletteRequest
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.store import StoreUnavailable, is_outage
@@ -103,6 +104,47 @@ def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
+def _invalid_request(request: StarletteRequest, errors: list[dict[str, Any]]) -> JSONResponse:
+    summary = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5])
+    return problem_response(
+        422,
+        f"request is invalid: {summary}",
+        request=request,
+        slug="validation-error",
+        title="Request validation failed",
+        errors=errors,
+    )
+
+
+_UNPARSABLE = "JSON decode error: the body is not UTF-8, or nests too deep to parse"
+
+
+def _unparsable_body(error: StarletteHTTPException) -> bool:
+    """FastAPI answers 400 to a JSON body it cannot decode at all (bytes that are not UTF-8, arrays
+    nested past Python's recursion limit) but 422 to one with a syntax error. Both are the same
+    client mistake, a body that is not JSON, so both answer the 422 validation problem every other
+    bad body gets and every operation documents: one status for "fix your body", with `errors`
+    naming it, rather than a 400 no operation declares."""
+    return error.status_code == 400 and isinstance(error.__cause__, ValueError | RecursionError)
+
+
+def _allowed_methods(request: StarletteRequest) -> str:
+    """Every method some route serves at this path: Starlette's 405 names only the methods of the
+    first route that matched the path (GET of /v1/jobs/{id}, never its DELETE). Asked of the routes
+    one method at a time, through `matches` alone, so included routers are searched too. Empty for a
+    405 of a mounted app (the static files), whose scope the app's routes no longer match."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    )
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+"""What `Allow` may list; OPTIONS is served by no route (it answers this 405 too)."""
+
+
 STORE_ERRORS = (StoreUnavailable, PoolTimeoutError, DBAPIError)
 """Handled by `_store`: DBAPIError covers the driver's Operational and Interface errors."""
 
@@ -124,22 +166,17 @@ def install_problem_handlers(app: FastAPI, retry_after_s: int) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if _unparsable_body(error):
+            return _invalid_request(request, [{"loc": ["body"], "msg": _UNPARSABLE, "type": "json_invalid"}])
         detail = error.detail if isinstance(error.detail, str) else None
-        headers = dict(error.headers) if error.headers else None
-        return problem_response(error.status_code, detail, request=request, headers=headers)
+        headers = dict(error.headers) if error.headers else {}
+        if error.status_code == 405 and (allowed := _allowed_methods(request)):
+            headers["Allow"] = allowed
+        return problem_response(error.status_code, detail, request=request, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _jsonable_errors(error.errors())
-        summary = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5])
-        return problem_response(
-            422,
-            f"request is invalid: {summary}",
-            request=request,
-            slug="validation-error",
-            title="Request validation failed",
-            errors=errors,
-        )
+        return _invalid_request(request, _jsonable_errors(error.errors()))
 
     async def _store(request: Request, error: Exception) -> JSONResponse:
         if not is_outage(error):

@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     store_retry_after_s: int = Field(default=5, ge=1)
     # Put /metrics behind the API token too (when tokens are set); off: Prometheus scrapes freely.
     metrics_require_token: bool = False
+    # Put /docs, /redoc and /openapi.json behind the API token too (when tokens are set); a browser
+    # answers the login prompt they send with the token as the password (app/docs_access.py).
+    docs_require_token: bool = False
     # Request bodies above this size are refused with 413.
     max_body_bytes: int = Field(default=1_000_000, gt=0)
     # Longest a client may block on GET /v1/jobs/{id}/wait.

@@ -50,9 +50,17 @@ CURVE_MEDIA = {"svg": "image/svg+xml", "png": "image/png"}
 def model_curves(
     services: ServicesDep,
     model: Annotated[str, Path(min_length=1, max_length=512, description="Model id; may hold slashes.")],
-    metric: Annotated[PredictMetric, Query(description="`ppl`, `acc` or `acc_norm`.")] = "ppl",
+    metric: Annotated[
+        PredictMetric,
+        Query(description="`ppl`, or `acc` / `acc_norm` of a `task` (required with them: 422 without)."),
+    ] = "ppl",
     task: Annotated[
-        str | None, Query(min_length=1, max_length=128, description="Task of `acc` / `acc_norm`.")
+        str | None,
+        Query(
+            min_length=1,
+            max_length=128,
+            description="Task of `acc` / `acc_norm`: required with them, refused with `ppl` (422).",
+        ),
     ] = None,
     method: Annotated[
         StoredMethod, Query(description="Pruning method of the pruned points, as results store it.")

@@ -23,8 +23,12 @@ def list_results(
     method: Annotated[str | None, Query(max_length=32, description="e.g. `dense`, `slicegpt`.")] = None,
     metric: Annotated[str | None, Query(max_length=64, description="e.g. `ppl`, `acc`.")] = None,
     dataset: Annotated[str | None, Query(max_length=128, description="e.g. `wikitext2`.")] = None,
-    sparsity_min: Annotated[float | None, Query(ge=0, le=1)] = None,
-    sparsity_max: Annotated[float | None, Query(ge=0, le=1)] = None,
+    sparsity_min: Annotated[
+        float | None, Query(ge=0, le=1, description="At most `sparsity_max` when both are given (422).")
+    ] = None,
+    sparsity_max: Annotated[
+        float | None, Query(ge=0, le=1, description="At least `sparsity_min` when both are given (422).")
+    ] = None,
     job_id: Annotated[str | None, Query(max_length=36)] = None,
     source: Annotated[
         Literal["measured", "published", "simulated"] | None,
@@ -36,9 +40,17 @@ def list_results(
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> ResultList:
-    """Results, newest first, with filters and cursor pagination."""
+    """Results, newest first, with filters and cursor pagination. An empty sparsity range
+    (`sparsity_min` above `sparsity_max`) is a 422: one query parameter's schema cannot refer to
+    another's, so the spec says it in their descriptions."""
     if sparsity_min is not None and sparsity_max is not None and sparsity_min > sparsity_max:
-        raise ProblemError(422, "sparsity_min must not exceed sparsity_max", slug="validation-error")
+        raise ProblemError(
+            422,
+            f"sparsity_min ({sparsity_min:g}) must not exceed sparsity_max ({sparsity_max:g})",
+            slug="validation-error",
+            title="Request validation failed",
+            errors=[{"loc": ["query", "sparsity_min"], "msg": "exceeds sparsity_max", "type": "value_error"}],
+        )
     query = select(Result)
     filters = {
         Result.model_id: model,

@@ -6,9 +6,9 @@ Accuracy results are looked up by `metric` (`acc`, `acc_norm`) with the task nam
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.schemas.jobs import JobPublic
 from app.schemas.profiles import BeforePruningPublic
@@ -24,9 +24,26 @@ MAX_PREDICTION_SPARSITIES = 100
 Sparsity = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 TaskName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
+TASK_IFF_ACCURACY: dict[str, Any] = {
+    "oneOf": [
+        {"properties": {"metric": {"const": "ppl"}, "task": {"type": "null"}}},
+        {
+            "properties": {
+                "metric": {"enum": [metric for metric in get_args(PredictMetric) if metric != "ppl"]},
+                "task": {"type": "string"},
+            },
+            "required": ["task"],
+        },
+    ]
+}
+"""`task` goes with an accuracy metric and never with `ppl`, said in JSON Schema, so that the OpenAPI
+document refuses what the validators refuse (a client generated from it never sends either)."""
+
 
 class MetricSpec(StrictModel):
     """One metric to predict: `ppl` on the protocol's dataset, or an accuracy on a task."""
+
+    model_config = ConfigDict(json_schema_extra=TASK_IFF_ACCURACY)
 
     metric: PredictMetric = Field(description="`ppl`, or `acc` / `acc_norm` of a multiple-choice task.")
     task: TaskName | None = Field(
@@ -70,6 +87,8 @@ MIN_PRUNED_SPARSITY = 1e-6
 
 class CallerPoint(StrictModel):
     """A value you measured yourself (or took from a paper): sparsity 0 is the dense baseline."""
+
+    model_config = ConfigDict(json_schema_extra=TASK_IFF_ACCURACY)  # checked by PredictionCreate
 
     metric: PredictMetric
     task: TaskName | None = Field(None, description="Required for accuracy metrics.")

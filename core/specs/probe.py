@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.methods import METHODS
 from core.probe_conventions import (
@@ -116,6 +116,50 @@ def _all_sublayers() -> list[ProbeSublayer]:
     return ["attention", "mlp", "block"]
 
 
+ARTIFACT_PRUNING_DEFAULTS: dict[str, Any] = {
+    "sparsity": None,
+    "pattern": "unstructured",
+    "calibration": CalibrationSpec(),
+    "round_to": 8,
+    "layout": None,
+}
+"""The pruning fields a probe of an artifact leaves at these values: its prune job already pruned."""
+
+
+def _equal_to(value: Any) -> dict[str, Any]:
+    """JSON Schema for a value equal to `value`; a model, field by field (an omitted field is its
+    default). None is `type: null`: FastAPI drops a `const` of null from the OpenAPI document."""
+    if isinstance(value, BaseModel):
+        return {"properties": {name: _equal_to(item) for name, item in value.model_dump().items()}}
+    return {"type": "null"} if value is None else {"const": value}
+
+
+ONE_PRUNED_MODEL: dict[str, Any] = {
+    "oneOf": [
+        {
+            "title": "Prune inside the job",
+            "properties": {
+                "method": {"type": "string"},
+                "sparsity": {"type": "number"},
+                "artifact_job_id": {"type": "null"},
+            },
+            "required": ["method", "sparsity"],
+        },
+        {
+            "title": "Probe a prune job's artifact",
+            "properties": {
+                "artifact_job_id": {"type": "string"},
+                "method": {"type": "null"},
+                **{name: _equal_to(default) for name, default in ARTIFACT_PRUNING_DEFAULTS.items()},
+            },
+            "required": ["artifact_job_id"],
+        },
+    ]
+}
+"""`_one_pruned_model`'s rule in JSON Schema, so the OpenAPI document refuses what it refuses. Which
+pattern and layout a method takes (`core.methods`) stays in the descriptions and the 422."""
+
+
 class ProbeJobCreate(ModelSpec):
     """Deviation probing of a pruned model against its dense model (docs/science.md §3): per layer and
     space (embedding, logits, probabilities) the measured shift beside its Taylor estimate, the
@@ -125,6 +169,8 @@ class ProbeJobCreate(ModelSpec):
     `calibration`, `round_to` as in a `prune` job) or read from the artifact of a succeeded `prune`
     job of the same model (`artifact_job_id`): give exactly one of the two.
     """
+
+    model_config = ConfigDict(json_schema_extra=ONE_PRUNED_MODEL)
 
     kind: Literal["probe"]
     method: PruneMethod | None = Field(
@@ -209,14 +255,9 @@ class ProbeJobCreate(ModelSpec):
         else:
             # Compared with the defaults, not with the fields set: the stored request (model_dump, which
             # the worker validates again) carries every field.
-            defaults = {
-                "sparsity": None,
-                "pattern": "unstructured",
-                "calibration": CalibrationSpec(),
-                "round_to": 8,
-                "layout": None,
-            }
-            pruning_fields = [name for name, default in defaults.items() if getattr(self, name) != default]
+            pruning_fields = [
+                name for name, default in ARTIFACT_PRUNING_DEFAULTS.items() if getattr(self, name) != default
+            ]
             if pruning_fields:
                 raise ValueError(
                     f"{', '.join(pruning_fields)} describe pruning inside the job; with "
