@@ -31,7 +31,9 @@ class Services:
     metrics_registry: CollectorRegistry
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    """`async` although it awaits nothing: FastAPI runs a plain `def` dependency in its threadpool, a
+    thread hop per request for an attribute read (and `require_token` likewise)."""
     services: Services = request.app.state.services
     return services
 
@@ -54,7 +56,7 @@ CursorQuery = Annotated[
 _bearer = HTTPBearer(auto_error=False, description="Required when the server has PRUNECAST_API_TOKENS set.")
 
 
-def require_token(
+async def require_token(
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
@@ -93,7 +95,7 @@ def carries_token(authorization: str, tokens: Sequence[str], *, basic: bool = Fa
     return bool(value) and _valid(value, tokens)
 
 
-def is_trusted(services: ServicesDep, request: Request) -> bool:
+async def is_trusted(services: ServicesDep, request: Request) -> bool:
     """True when the caller may see internals (exception classes, addresses): no tokens are
     configured, or it sent a valid one. For public endpoints that say more to a trusted caller; the
     header is read by hand so that OpenAPI does not mark such an endpoint as needing a token."""
