@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from core.prediction import priors, records  # noqa: E402
+from core.prediction.backtests import HeldOut as Miss  # noqa: E402
 from core.prediction.bands import lognormal_band  # noqa: E402
 from core.prediction.laws import calibrate_ppl, strict_ppl  # noqa: E402
 
@@ -97,32 +98,14 @@ CURVES = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Miss:
-    """One held-out point: the answer, its band, and the distance from the point it was fitted on."""
-
-    model: str
-    curve: str
-    sparsity: float
-    measured: float
-    predicted: float
-    band: tuple[float, float] | None
-    distance: float | None = None
-
-    @property
-    def log_error(self) -> float:
-        return records.log_error(self.predicted, self.measured)
-
-    @property
-    def covered(self) -> bool | None:
-        return None if self.band is None else self.band[0] <= self.measured <= self.band[1]
-
-
 Record = Callable[[MeasuredCurve, Sequence[MeasuredCurve]], list[Miss]]
 
 
 def strict(curve: MeasuredCurve, others: Sequence[MeasuredCurve]) -> list[Miss]:
-    return [Miss(curve.model, curve.label, s, v, strict_ppl(curve.ppl0, s), None) for s, v in curve.points]
+    return [
+        Miss(curve.model, curve.label, s, v, strict_ppl(curve.ppl0, s), None, "nothing")
+        for s, v in curve.points
+    ]
 
 
 def pooled_alpha(curve: MeasuredCurve, others: Sequence[MeasuredCurve]) -> list[Miss]:
@@ -133,7 +116,7 @@ def pooled_alpha(curve: MeasuredCurve, others: Sequence[MeasuredCurve]) -> list[
     if prior is None:
         return []
     return [
-        Miss(curve.model, curve.label, s, v, *priors.predict(curve.ppl0, prior, s, LEVEL))
+        Miss(curve.model, curve.label, s, v, *priors.predict(curve.ppl0, prior, s, LEVEL), prior.source)
         for s, v in curve.points
     ]
 
@@ -145,7 +128,9 @@ def one_point_before(curve: MeasuredCurve, others: Sequence[MeasuredCurve]) -> l
         for s, v in curve.points:
             if s != s0:
                 p = calibration.predict(s, LEVEL)
-                misses.append(Miss(curve.model, curve.label, s, v, p.value, p.band, abs(s - s0)))
+                misses.append(
+                    Miss(curve.model, curve.label, s, v, p.value, p.band, f"s = {s0:g}", abs(s - s0))
+                )
     return misses
 
 
@@ -168,7 +153,7 @@ def _leave_one_out(curve: MeasuredCurve, answer: Callable[[Any, float], float]) 
     for i, (s, v) in enumerate(curve.points):
         training = [p for j, p in enumerate(curve.points) if j != i]
         calibration = calibrate_ppl(curve.ppl0, training)
-        misses.append(Miss(curve.model, curve.label, s, v, answer(calibration, s), None))
+        misses.append(Miss(curve.model, curve.label, s, v, answer(calibration, s), None, "the other points"))
     return misses
 
 
