@@ -13,11 +13,15 @@ block i its own type's. To get there without running any block, every block's fo
 for the capture by one that records its arguments and passes the hidden states through unchanged:
 the decoder computes each type's masks and tables before its loop, so what reaches block i is what
 block i would have been called with, the hidden states aside (those come from block 0's call).
+
+Here too: the mask of the calibration windows' real tokens that the capture takes
+(`calibration_keep`), and the progress and stop callbacks a block-by-block engine is given
+(`ProgressCallback`, `StopCheck`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +33,8 @@ from transformers import PreTrainedModel
 from workers.architectures import FamilyAdapter
 
 BlockCall = tuple[tuple[Any, ...], dict[str, Any]]  # a block's other positional and keyword arguments
+ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
+StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block
 
 
 @dataclass
@@ -145,6 +151,24 @@ class _Recording:
         if self.hidden is None or len(calls) != len(self.calls):
             raise RuntimeError("the forward pass skipped a block the capture waited for")
         return self.hidden, calls
+
+
+def calibration_keep(
+    calibration_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int
+) -> torch.Tensor:
+    """The (N, T) bool mask of real tokens on the CPU; ValueError for unusable calibration input."""
+    if calibration_ids.dim() != 2:
+        raise ValueError(f"calibration_ids must be (N, T), got shape {tuple(calibration_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(calibration_ids)
+    if attention_mask.shape != calibration_ids.shape:
+        raise ValueError("attention_mask must have the shape of calibration_ids")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    keep = attention_mask.to(torch.bool).cpu()
+    if not keep.any():
+        raise ValueError("the calibration set has no unpadded token")
+    return keep
 
 
 @torch.no_grad()

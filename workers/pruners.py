@@ -20,7 +20,8 @@ from core.methods import METHODS, PRUNED_ARTIFACT, SLICED_ARTIFACT, STOCK_LAYOUT
 from workers.architectures import detect_family, match_structure
 from workers.pruning import PruningReport, PruningStopped, load_pruned, prune_model, save_pruned
 from workers.slicing.artifacts import WEIGHTS_FILE, load_bases, load_sliced, read_slicing_config, save_sliced
-from workers.slicing.engine import SlicingReport, SlicingStopped, slice_model
+from workers.slicing.engine import SlicingStopped, slice_model
+from workers.slicing.report import SlicingReport
 from workers.slicing.stock import slice_model_stock
 
 Report = SlicingReport | PruningReport

@@ -20,6 +20,9 @@ from workers.evaluation.mc_formats import load_task
 from workers.evaluation.multiple_choice import score_task
 from workers.evaluation.task_data import DocSplit, fewshot_docs
 
+# Seed of the few-shot draws a job scores with (lm-eval's default fewshot seed); recorded in the protocol.
+FEWSHOT_SEED = 1234
+
 
 class ScoredTask(Protocol):
     """What a job stores of one scored task."""

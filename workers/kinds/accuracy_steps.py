@@ -1,13 +1,10 @@
-"""Steps that score tasks in a job (`evaluate`, `prune`, `sweep`): plan the tasks, score them with
-progress and cancellation, find or measure the dense scores, and the result rows.
+"""Steps that score tasks in a job (`evaluate`, `prune`, `sweep`): plan the tasks (their data
+checked before any scoring), score them with progress and cancellation, find or measure the dense
+scores.
 
-Every task becomes one result per lm-eval metric it defines (`core.tasks`: `acc`, and `acc_norm`
-except for WinoGrande; LAMBADA's `perplexity` and `acc`; GSM8K's `exact_match,strict-match` and
-`exact_match,flexible-extract`), with the task name as the result's `dataset`, its split as
-`split`, the standard error as `stderr` and the docs scored as `n`. The protocol is the scorer's
-(`ScoredTask.protocol`) plus `chance`, the hash of the docs as scored, timings and versions. A
-dense score is reused by a later job when model, revision and ACCURACY_MATCH_KEYS agree
-(`steps.find_dense_baseline`).
+The rows a scored task is stored as (one per lm-eval metric) are built in `workers.kinds.rows`
+(`accuracy_results`). A dense score is reused by a later job when model, revision and
+ACCURACY_MATCH_KEYS agree (`steps.find_dense_baseline`).
 """
 
 from __future__ import annotations
@@ -29,17 +26,17 @@ from workers.data import DataMissingError
 from workers.evaluation.perplexity import EvaluationStopped
 from workers.evaluation.task_data import TaskDataError, docs_sha256
 from workers.evaluation.task_scoring import (
+    FEWSHOT_SEED,
     ScoredTask,
     TaskRequest,
     docs_to_score,
     score_requested_task,
     task_request,
 )
-from workers.kinds.steps import dtype_name, find_dense_baseline, stage_progress
+from workers.kinds.rows import accuracy_results, dtype_name
+from workers.kinds.steps import find_dense_baseline, stage_progress
 from workers.loading import LoadedModel
 
-# Seed of the few-shot draws (lm-eval's default fewshot seed); recorded in the protocol.
-FEWSHOT_SEED = 1234
 # Protocol keys that must be equal for two accuracies of one model on one task to be the same
 # measurement. `data_sha256` hashes the docs as scored, few-shot prompts included.
 # `max_new_tokens` is None except for generation tasks (rows stored before it existed match None).
@@ -140,49 +137,6 @@ def measure_accuracy(
         except (TaskDataError, DataMissingError, ValueError) as error:
             raise JobFailure(f"accuracy on {name}: {error}") from error
     return results
-
-
-def accuracy_results(
-    measured: ScoredTask,
-    *,
-    source: ModelSource,
-    loaded: LoadedModel,
-    method: str,
-    sparsity: float,
-    seed: int,
-    environment: dict[str, Any],
-    extra_protocol: dict[str, dict[str, Any]] | None = None,
-) -> list[Result]:
-    """One row per metric the task defines. `extra_protocol` maps a metric to protocol entries
-    for its row only (e.g. the dense result a pruned accuracy compares with)."""
-    protocol: dict[str, Any] = {
-        **measured.protocol,
-        "task": measured.task,
-        "chance": measured.chance,
-        "data_sha256": measured.data_sha256,
-        "fewshot_seed": FEWSHOT_SEED if measured.protocol.get("num_fewshot") else None,
-        "seed": seed,
-        "elapsed_s": round(measured.elapsed_s, 3),
-        **environment,
-    }
-    values = measured.metric_values()
-    return [
-        Result(
-            model_id=source.model_id,
-            model_revision=loaded.revision,
-            method=method,
-            sparsity=sparsity,
-            metric=metric,
-            dataset=measured.task,
-            split=measured.split,
-            value=value,
-            stderr=stderr,
-            n=measured.n,
-            source="measured",
-            protocol={**protocol, **(extra_protocol or {}).get(metric, {})},
-        )
-        for metric, (value, stderr) in values.items()
-    ]
 
 
 def _dense_rows(

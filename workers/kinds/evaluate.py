@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from core.methods import DENSE
 from core.specs.jobs import EvaluateJobCreate
-from core.tables import Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, load_wikitext2_test, tokenize_corpus
 from workers.environment import run_environment
 from workers.evaluation.perplexity import effective_seqlen
-from workers.kinds.accuracy_steps import accuracy_results, measure_accuracy, plan_tasks
-from workers.kinds.steps import load_for_job, measure_perplexity, perplexity_protocol
+from workers.kinds.accuracy_steps import measure_accuracy, plan_tasks
+from workers.kinds.rows import accuracy_results, dense_perplexity_result
+from workers.kinds.steps import load_for_job, measure_perplexity
 
 
 def run(context: JobContext) -> None:
@@ -49,21 +49,14 @@ def run(context: JobContext) -> None:
         )
         context.add_results(
             [
-                Result(
-                    model_id=source.model_id,
-                    model_revision=loaded.revision,
-                    method=DENSE,
-                    sparsity=0.0,
-                    metric="ppl",
-                    dataset=ppl_spec.dataset,
-                    split=corpus.split,
-                    value=measured.ppl,
-                    n=measured.tokens_scored,
-                    source="measured",
-                    protocol={
-                        **perplexity_protocol(measured, ppl_spec, corpus, loaded.dtype, spec.seed),
-                        **environment,
-                    },
+                dense_perplexity_result(
+                    measured,
+                    source=source,
+                    loaded=loaded,
+                    spec=ppl_spec,
+                    corpus=corpus,
+                    seed=spec.seed,
+                    environment=environment,
                 )
             ]
         )

@@ -44,13 +44,8 @@ from core.specs.probe import ProbeJobCreate
 from core.tables import Artifact, Job, ProbePoint, Result
 from workers.context import JobContext, JobFailure
 from workers.environment import run_environment
-from workers.kinds.prune_steps import (
-    NO_DATASET,
-    apply_method,
-    check_prunable,
-    draw_calibration,
-    lap,
-)
+from workers.kinds.prune_steps import apply_method, check_prunable, draw_calibration, lap
+from workers.kinds.rows import NO_DATASET
 from workers.kinds.steps import load_for_job, step_reporter
 from workers.loading import LoadedModel, ModelLoadError, load_copy, memory_plan, place
 from workers.probing import (

@@ -21,7 +21,7 @@ calibration record + slicing or pruning report + timings + versions) and `param_
 residual width, intra-layer pruners zero a fraction of the linears' weights only, drops remove
 layers), and with `accuracy` `acc` / `acc_norm` per task (dataset = the task) of the dense and the
 pruned model. An N:M pattern is part of the stored method name ("wanda-2:4"). The steps are shared
-with `sweep` jobs (workers.kinds.prune_steps).
+with `sweep` jobs (workers.kinds.prune_steps), and so are the rows (workers.kinds.rows).
 """
 
 from __future__ import annotations
@@ -31,15 +31,8 @@ import time
 from core.artifacts import job_folder
 from core.specs.jobs import PruneJobCreate
 from workers.context import JobContext
-from workers.kinds.prune_steps import (
-    PrepareSpans,
-    lap,
-    prepare,
-    prune_and_measure,
-    pruned_accuracy_results,
-    pruned_results,
-    score_pruned_accuracy,
-)
+from workers.kinds.prune_steps import PrepareSpans, lap, prepare, prune_and_measure, score_pruned_accuracy
+from workers.kinds.rows import pruned_accuracy_results, pruned_results
 
 SPANS = PrepareSpans(load=0.02, baseline=(0.05, 0.25), calibration=(0.25, 0.30))
 

@@ -1,11 +1,13 @@
-"""Steps of the kinds that prune a model (`prune`, `sweep`): load a model the method can prune,
-measure or reuse its dense baseline, draw the calibration windows, prune one dense copy at one
-sparsity and measure it, and the result rows that describe it.
+"""Steps of the kinds that prune a model (`prune`, `sweep`; `simulate`, `probe` and `profile` take
+some): load a model the method can prune, measure or reuse its dense baseline (and dense accuracy),
+draw the calibration windows, prune one dense copy at one sparsity, save it and measure it.
 
 A `prune` job runs `prepare` and then `prune_and_measure` once. A `sweep` runs `prepare` once and
 `prune_and_measure` once per sparsity, each on a fresh dense copy (`workers.loading.refresh_model`)
 with the same calibration windows, so a sweep stores, point for point, the results a `prune` job
-with the same request fields would store.
+with the same request fields would store: the rows are built from `Prepared` and `Measured` in
+`workers.kinds.rows` (`pruned_results`, `pruned_accuracy_results`), and the pruned model is saved
+and described by `workers.artifacts`.
 
 Methods differ only in their pruner (`workers.pruners`, chosen by the method's kind in
 `core.methods`): how it prunes, describes and saves a model; everything around it is shared.
@@ -13,8 +15,6 @@ Methods differ only in their pruner (`workers.pruners`, chosen by the method's k
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +28,9 @@ from core.model_sources import ModelSource
 from core.specs.common import AccuracySpec, CalibrationSpec
 from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.specs.simulate import SimulateJobCreate
-from core.tables import Artifact, Result
+from core.tables import Result
 from workers.architectures import UnsupportedArchitectureError, match_structure
+from workers.artifacts import save_artifact
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
@@ -39,26 +40,22 @@ from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import (
     DenseAccuracy,
     TaskPlan,
-    accuracy_results,
     dense_accuracy,
     measure_accuracy,
     plan_tasks,
 )
+from workers.kinds.rows import job_pattern
 from workers.kinds.steps import (
     PerplexityData,
     dense_baseline,
     load_for_job,
     measure_perplexity,
     perplexity_data,
-    perplexity_protocol,
     step_reporter,
 )
 from workers.loading import LoadedModel
 from workers.offload import suspended
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
-
-# Results that describe the model rather than a measurement on data carry this dataset name.
-NO_DATASET = "none"
 
 PruningJob = PruneJobCreate | SweepJobCreate
 
@@ -205,15 +202,6 @@ def draw_calibration(
     return calibration, {**calibration.record, "batch_size": spec.batch_size}
 
 
-def job_pattern(spec: PruningJob | SimulateJobCreate) -> str:
-    return spec.pattern if isinstance(spec, PruneJobCreate) else "unstructured"
-
-
-def stored_method(spec: PruningJob | SimulateJobCreate) -> str:
-    """The method name the job's pruned results are stored under (pattern and layout included)."""
-    return METHODS[spec.method].stored_name(job_pattern(spec), spec.layout)
-
-
 def apply_method(
     context: JobContext,
     model: PreTrainedModel,
@@ -304,7 +292,7 @@ def prune_and_measure(
         context.report("saving", pruning_end, f"{detail_prefix}pruned model")
         artifact = save_artifact(
             model,
-            spec.method,
+            pruner_for(spec.method),
             report,
             artifact_folder,
             prepared.source.model_id,
@@ -360,141 +348,3 @@ def score_pruned_accuracy(
     )
     outcome.timings["accuracy_s"] = lap(started)
     return scored
-
-
-def pruned_results(
-    prepared: Prepared,
-    spec: PruningJob,
-    outcome: Measured,
-    *,
-    timings: dict[str, float],
-    extra_protocol: dict[str, Any] | None = None,
-) -> list[Result]:
-    """The rows a sliced model is stored as: its `ppl` (protocol = perplexity protocol + the dense
-    baseline it compares with + calibration record + slicing report + timings + versions, then
-    `extra_protocol`) and its `param_fraction_removed` (the real fraction of parameters removed,
-    which differs from the sparsity of the residual width)."""
-    loaded, report = prepared.loaded, outcome.report
-    protocol: dict[str, Any] = {
-        **perplexity_protocol(
-            outcome.perplexity, prepared.data.spec, prepared.data.corpus, loaded.dtype, spec.seed
-        ),
-        "method": spec.method,
-        "dense_result_id": prepared.dense.id,
-        "dense_ppl": prepared.dense.value,
-        "dense_reused": prepared.dense_reused,
-        "calibration": prepared.calibration_record,
-        "pattern": job_pattern(spec),
-        METHODS[spec.method].stage: report.to_dict(),
-        "artifact": outcome.artifact_path,
-        "timings": timings,
-        **(extra_protocol or {}),
-        **prepared.environment,
-    }
-    return [
-        Result(
-            model_id=prepared.source.model_id,
-            model_revision=loaded.revision,
-            method=stored_method(spec),
-            sparsity=outcome.sparsity,
-            metric="ppl",
-            dataset=prepared.data.spec.dataset,
-            split=prepared.data.corpus.split,
-            value=outcome.perplexity.ppl,
-            n=outcome.perplexity.tokens_scored,
-            source="measured",
-            protocol=protocol,
-        ),
-        Result(
-            model_id=prepared.source.model_id,
-            model_revision=loaded.revision,
-            method=stored_method(spec),
-            sparsity=outcome.sparsity,
-            metric="param_fraction_removed",
-            dataset=NO_DATASET,
-            value=report.param_fraction_removed,
-            source="measured",
-            protocol={
-                **pruner_for(spec.method).describe(report),
-                **(extra_protocol or {}),
-                **prepared.environment,
-            },
-        ),
-    ]
-
-
-def pruned_accuracy_results(
-    prepared: Prepared,
-    spec: PruningJob,
-    outcome: Measured,
-    scored: list[ScoredTask],
-    *,
-    extra_protocol: dict[str, Any] | None = None,
-) -> list[Result]:
-    """The rows of a pruned model's accuracy: per task and metric (see `accuracy_steps`), each
-    with the dense result it compares with, the calibration record, the model's shape and the
-    artifact, then `extra_protocol`."""
-    rows = []
-    for measured in scored:
-        dense = prepared.dense_accuracy[measured.task]
-        per_metric = {
-            metric: {
-                "method": spec.method,
-                "dense_result_id": row.id,
-                "dense_value": row.value,
-                "dense_reused": dense.reused,
-                "calibration": prepared.calibration_record,
-                **pruner_for(spec.method).shape(outcome.report),
-                "param_fraction_removed": outcome.report.param_fraction_removed,
-                "artifact": outcome.artifact_path,
-                **(extra_protocol or {}),
-            }
-            for metric, row in dense.results.items()
-        }
-        rows += accuracy_results(
-            measured,
-            source=prepared.source,
-            loaded=prepared.loaded,
-            method=stored_method(spec),
-            sparsity=outcome.sparsity,
-            seed=spec.seed,
-            environment=prepared.environment,
-            extra_protocol=per_metric,
-        )
-    return rows
-
-
-def save_artifact(
-    model: PreTrainedModel,
-    method: str,
-    report: Report,
-    folder: Path,
-    model_id: str,
-    revision: str | None,
-    calibration: dict[str, Any] | None,
-    tokenizer: Any = None,
-) -> Artifact:
-    """Write the pruned model to `folder` (replacing what an earlier attempt left) in its pruner's
-    format, with the dense model's tokenizer (so a stock folder is a whole checkpoint that
-    `from_pretrained` and any serving engine read as it is), and describe it."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    pruner = pruner_for(method)
-    with suspended(model):  # an offloaded model is saved from the CPU, whole
-        weights = pruner.save(
-            model, report, folder, model_id=model_id, revision=revision, calibration=calibration
-        )
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    total_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-    return Artifact(
-        kind=pruner.artifact_kind, path=str(folder), bytes=total_bytes, sha256=file_sha256(weights)
-    )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -31,8 +31,9 @@ from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
 from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
-from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare, stored_method
-from workers.kinds.steps import perplexity_protocol, step_reporter
+from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare
+from workers.kinds.rows import perplexity_protocol, stored_method
+from workers.kinds.steps import step_reporter
 from workers.offload import suspended
 from workers.simulation import (
     ANCHOR,

@@ -1,8 +1,9 @@
 """Steps several job kinds share: load the model, score perplexity, find or measure the dense baseline.
 
-Every kind records perplexity under the same protocol keys (`perplexity_protocol`), so a dense
+Every kind records perplexity under the same protocol keys (`rows.perplexity_protocol`), so a dense
 number measured by an `evaluate` job is found and reused by a later `prune` or `sweep` job, and
-numbers from different kinds compare.
+numbers from different kinds compare. The rows these steps store are built in `workers.kinds.rows`;
+the steps of the pruning kinds are in `prune_steps`, those that score tasks in `accuracy_steps`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
 from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
+from workers.kinds.rows import dense_perplexity_result, dtype_name
 from workers.loading import LoadedModel, ModelLoadError, load_model
 
 # Protocol keys that must be equal for two perplexities of one model to be the same measurement.
@@ -57,10 +59,6 @@ def load_for_job(context: JobContext, spec: ModelSpec) -> tuple[ModelSource, Loa
     except (ModelSourceError, ModelLoadError) as error:
         raise JobFailure(str(error)) from error
     return source, loaded
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def measure_perplexity(
@@ -98,23 +96,6 @@ def measure_perplexity(
             "overflowed or are NaN; measure in float32, or prune less"
         )
     return measured
-
-
-def perplexity_protocol(
-    measured: PerplexityResult, spec: PerplexitySpec, corpus: TextCorpus, dtype: torch.dtype, seed: int
-) -> dict[str, Any]:
-    """What a perplexity was measured with (docs/science.md §4); BASELINE_MATCH_KEYS are among them."""
-    return {
-        "seqlen": measured.seqlen,
-        "requested_seqlen": spec.seqlen,
-        "windows": measured.windows,
-        "max_windows": spec.max_windows,
-        "nll_mean": measured.nll_mean,
-        "data_sha256": corpus.sha256,
-        "seed": seed,
-        "dtype": dtype_name(dtype),
-        "elapsed_s": round(measured.elapsed_s, 3),
-    }
 
 
 def find_dense_baseline(
@@ -232,21 +213,14 @@ def dense_baseline(
         start=start,
         end=end,
     )
-    dense = Result(
-        model_id=source.model_id,
-        model_revision=loaded.revision,
-        method=DENSE,
-        sparsity=0.0,
-        metric="ppl",
-        dataset=data.spec.dataset,
-        split=data.corpus.split,
-        value=measured.ppl,
-        n=measured.tokens_scored,
-        source="measured",
-        protocol={
-            **perplexity_protocol(measured, data.spec, data.corpus, loaded.dtype, seed),
-            **environment,
-        },
+    dense = dense_perplexity_result(
+        measured,
+        source=source,
+        loaded=loaded,
+        spec=data.spec,
+        corpus=data.corpus,
+        seed=seed,
+        environment=environment,
     )
     context.add_results([dense])
     return dense, False

@@ -48,17 +48,14 @@ from core.tables import Fit, Result
 from core.tasks import task_info
 from workers.context import JobContext, JobFailure
 from workers.kinds.prune_steps import (
-    NO_DATASET,
     Prepared,
     PrepareSpans,
     lap,
     prepare,
     prune_and_measure,
-    pruned_accuracy_results,
-    pruned_results,
     score_pruned_accuracy,
-    stored_method,
 )
+from workers.kinds.rows import NO_DATASET, pruned_accuracy_results, pruned_results, stored_method
 from workers.kinds.steps import BASELINE_MATCH_KEYS, stage_progress
 from workers.kinds.sweep_fanout import RowKey, fans_out, measure_through_children
 from workers.loading import ModelLoadError, refresh_model

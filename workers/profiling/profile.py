@@ -70,7 +70,15 @@ from workers.architectures import (
     detect_family,
     match_structure,
 )
-from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
+from workers.block_inputs import (
+    BlockBatch,
+    ProgressCallback,
+    StopCheck,
+    calibration_keep,
+    capture_block_inputs,
+    home_device,
+    move_to,
+)
 from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_with_nll_increase
 from workers.probing.head import Float32Head
@@ -79,7 +87,6 @@ from workers.profiling.nested_lens import AffineNorm, NestedWidthLogits
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder
 from workers.pruning.stream import run_block
-from workers.slicing.engine import ProgressCallback, StopCheck, calibration_keep
 from workers.slicing.fusion import hidden_width
 from workers.slicing.pca import SecondMoment
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock

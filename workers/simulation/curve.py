@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 from core.methods import METHODS, PROXY_MASK_METHOD, STOCK_LAYOUT, Simulation
 from core.param_count import sliced_width
 from workers.architectures import FamilyAdapter, detect_family, match_structure
-from workers.block_inputs import BlockBatch, capture_block_inputs, home_device
+from workers.block_inputs import BlockBatch, calibration_keep, capture_block_inputs, home_device
 from workers.probing.head import Float32Head
 from workers.pruning.rules import LINEAR_RULES
 from workers.pruning.stream import PruningStopped
@@ -26,7 +26,7 @@ from workers.simulation.projection import (
 )
 from workers.simulation.streams import WindowScores, batches_holding, fork, score_windows, sequences
 from workers.simulation.tracks import ANCHOR, SIMULATED, ProgressCallback, StopCheck, Track
-from workers.slicing.engine import SlicingStopped, calibration_keep, resolve_slice_head
+from workers.slicing.engine import SlicingStopped, resolve_slice_head
 from workers.slicing.fusion import hidden_width
 from workers.slicing.stock import check_stock_family
 

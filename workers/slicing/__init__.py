@@ -8,7 +8,9 @@ can use `families` and `param_count` without loading torch):
 - `core.param_count`: `sliced_width`, `predict_dense_param_count`,
   `predict_sliced_param_count` (torch-free).
 - `workers.architectures`: `FamilyAdapter`, `detect_family`, `adapter_for_family`.
-- `workers.slicing.engine`: `slice_model` -> `SlicingReport`, `SlicingStopped` (the per-layer layout).
+- `workers.slicing.engine`: `slice_model`, `SlicingStopped` (the per-layer layout); its docstring
+  lists SliceGPT's steps 1-6 and the module that does each.
+- `workers.slicing.report`: `SlicingReport` and `SlicedWidths`, what both layouts return.
 - `workers.slicing.stock`: `slice_model_stock`, the stock layout (one shared basis; the model stays
   the family's own architecture at hidden_size d).
 - `workers.slicing.artifacts`: `save_sliced`, `load_sliced` (both layouts).

@@ -45,9 +45,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from core.families import family_from_config
 from core.methods import STOCK_LAYOUT
 from workers.architectures import adapter_for_family
-from workers.artifact_description import read_description, write_description
+from workers.artifacts import read_description, write_description
 from workers.slicing import portable
-from workers.slicing.engine import SlicingReport
 from workers.slicing.portable.modeling_prunecast_sliced import (
     AUTO_MAP,
     MODEL_TYPE,
@@ -55,6 +54,7 @@ from workers.slicing.portable.modeling_prunecast_sliced import (
     PrunecastSlicedConfig,
     build_sliced_model,
 )
+from workers.slicing.report import SlicingReport
 
 WEIGHTS_FILE = "model.safetensors"
 # The kept directions of every block-boundary signal (probes read them), in safetensors format but not

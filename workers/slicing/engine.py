@@ -1,30 +1,51 @@
-"""SliceGPT, steps 5-6: PCA per signal and interleaved rotate-and-slice, block by block.
+"""SliceGPT in the per-layer layout: `slice_model` slices the residual stream of a model in place, each
+signal onto its own basis, block by block. The file reads in the order slicing runs.
 
-Entry point: `slice_model`. It modifies the model in place:
+SliceGPT's steps, numbered as every module of `workers.slicing` numbers them:
 
-1. detect the family (module structure); for LayerNorm models untie the head and centre the
-   embeddings (an RMSNorm model's head stays tied until step 5);
-2. run the calibration batches up to block 0 and keep block 0's inputs (on the model's device);
-3. PCA of the embedding output -> Q0; block 0's inputs x @ Q0[:, :d];
-4. for each block, with input basis Qa (only this block is on the compute device):
-   fold its norms; attention readers W @ Qa (d input columns); run attention with the skip
-   Qa[:, :d]^T, giving the residual h in the original basis; PCA(h) -> Qb; attention writers
-   Qb^T W (d rows); MLP readers W @ Qb; run the MLP with the skip Qb[:, :d]^T, giving the block
-   output y; PCA(y) -> Qc; MLP writers Qc^T W (d rows); (a branch that ends at a norm, Gemma's,
-   keeps its writers and that norm at width D and projects after the norm instead,
-   `sliced_modules.ProjectedRMSNorm`); the block's skips become
-   S_attn = Qa[:, :d]^T Qb[:, :d] and S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs
-   are y @ Qc[:, :d], so slicing errors upstream feed every later PCA. Parallel-residual blocks
-   (y = x + attn(x) + mlp(x)) have only Qa and Qc and one skip S = Qa[:, :d]^T Qc[:, :d].
-   The passes that measure h and y write them in the frame of their input's basis (h @ Qa, y @ Qb)
-   where the branch's writers can be rotated into it for the pass, which spares the skip product
-   (`_slice_sequential_block`, "Frames"); the weights are rotated as described either way;
-5. once the calibration stream is freed: fold the final norm into the head (which unties it) and
-   rotate it, W_head diag(scale) Q_L, in one copy; then the embedding tables E @ Q0, keeping d
-   columns. By default the head is not sliced: the last block writes all D rows and its MLP
-   skip is d x D.
+1. untie the LM head from the token embedding, so that each can be rotated on its own
+   (`fusion.untie_head`);
+2. LayerNorm models: remove the stream's mean, by centring the embedding rows and every residual
+   writer (`fusion.fuse_embeddings`, `fusion.fuse_block`);
+3. fold every norm's scale (and shift) into the linears that read it, leaving weight-free
+   `RMSNormNoScale`s (`fusion.fuse_block`, `fusion.fuse_final_norm`). After steps 1-3 the model
+   computes the same logits whatever orthogonal Q its stream is rotated by (computational
+   invariance);
+4. rotate the stream by Q: readers W @ Q, writers Q^T W, embeddings E @ Q, head W @ Q (`weights`;
+   `rotation.rotate_fused_model` rotates a whole fused model by one Q, the check of steps 1-4);
+5. PCA: each signal's Q, the eigenvectors of the second moment of its calibration activations
+   (`pca`);
+6. slice: keep Q's first d columns, so that readers keep d input columns, writers d output rows and
+   the tables d columns, and a skip Q_in[:, :d]^T Q_out[:, :d] carries the stream from one signal's
+   basis to the next (this module).
 
-PCA and weight rotations run in float64; results are cast back to the model's dtype.
+`slice_model` runs them signal by signal, in five stages, each named in a comment where it runs:
+
+- embeddings (steps 1-2): detect the family (module structure); for LayerNorm models untie the
+  head and centre the embeddings (an RMSNorm model's head stays tied until the head stage);
+- capture: run the calibration batches up to block 0 and keep block 0's inputs (on the model's
+  device; `workers.block_inputs`);
+- embedding basis (steps 5-6): PCA of the embedding output -> Q0; block 0's inputs x @ Q0[:, :d];
+- blocks (steps 2-6 per block): for each block, with input basis Qa (only this block is on the
+  compute device): fold its norms; attention readers W @ Qa (d input columns); run attention with
+  the skip Qa[:, :d]^T, giving the residual h in the original basis; PCA(h) -> Qb; attention
+  writers Qb^T W (d rows); MLP readers W @ Qb; run the MLP with the skip Qb[:, :d]^T, giving the
+  block output y; PCA(y) -> Qc; MLP writers Qc^T W (d rows); (a branch that ends at a norm,
+  Gemma's, keeps its writers and that norm at width D and projects after the norm instead,
+  `sliced_modules.ProjectedRMSNorm`); the block's skips become S_attn = Qa[:, :d]^T Qb[:, :d] and
+  S_mlp = Qb[:, :d]^T Qc[:, :d]; the next block's inputs are y @ Qc[:, :d], so slicing errors
+  upstream feed every later PCA. Parallel-residual blocks (y = x + attn(x) + mlp(x)) have only Qa
+  and Qc and one skip S = Qa[:, :d]^T Qc[:, :d]. The passes that measure h and y write them in the
+  frame of their input's basis (h @ Qa, y @ Qb) where the branch's writers can be rotated into it
+  for the pass, which spares the skip product (`_slice_sequential_block`, "Frames"); the weights
+  are rotated as described either way;
+- head and tables (steps 1, 3, 4, 6), once the calibration stream is freed: fold the final norm
+  into the head (which unties it) and rotate it, W_head diag(scale) Q_L, in one copy; then the
+  embedding tables E @ Q0, keeping d columns. By default the head is not sliced: the last block
+  writes all D rows and its MLP skip is d x D.
+
+PCA and weight rotations run in float64; results are cast back to the model's dtype. What slicing
+reports (widths, parameters, calibration, timings, kept directions): `workers.slicing.report`.
 
 Peak memory beyond the loaded model (docs/architecture.md, "Memory"), for N calibration sequences
 of T tokens, hidden width D, MLP width F, vocabulary V and model dtype size b:
@@ -48,8 +69,6 @@ memory, the peak in the block passes (bench/README.md, "slicing_vs_reference.py"
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -57,12 +76,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from core.families import head_must_be_sliced, head_sliced_by_default, unsupported_message
-from core.methods import PER_LAYER_LAYOUT
 from core.param_count import predict_dense_param_count, predict_sliced_param_count, sliced_width
 from workers.allocator import release_free_memory
 from workers.architectures import FamilyAdapter, UnsupportedArchitectureError, config_dict, detect_family
 from workers.block_inputs import BlockBatch as _Batch
-from workers.block_inputs import BlockCall, split_sequences
+from workers.block_inputs import BlockCall, ProgressCallback, StopCheck, calibration_keep, split_sequences
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
@@ -75,6 +93,7 @@ from workers.slicing.portable.sliced_modules import (
     SkipConnectedBlock,
     wrap_block,
 )
+from workers.slicing.report import BlockWidths, SlicedWidths, SlicingReport, kept_directions
 from workers.slicing.rotation import rotate_branch_output, writers_in_frame
 from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_embedding, rotate_readers
@@ -82,181 +101,10 @@ from workers.slicing.weights import rotate_embedding, rotate_readers
 # Positions a block's passes run at once (whole sequences, at least one): attention's and the MLP's
 # intermediates stay a few MB whatever the calibration batch.
 ACTIVATION_ROWS = 1024
-ProgressCallback = Callable[[int, int], None]  # (blocks done, number of blocks)
-StopCheck = Callable[[], bool]  # True asks the engine to stop before the next block
 
 
 class SlicingStopped(RuntimeError):
     """should_stop() asked to stop. The model is partly sliced and must be discarded."""
-
-
-@dataclass(frozen=True)
-class BlockWidths:
-    """Residual widths around one block after slicing."""
-
-    attn_in: int  # stream entering the block (read by the attention norm)
-    mlp_in: int  # stream the MLP reads: between attention and MLP (the block input if parallel)
-    out: int  # stream leaving the block
-
-
-@dataclass(frozen=True)
-class SlicedWidths:
-    """d per signal: what a loader needs to rebuild the sliced shapes."""
-
-    full: int  # D of the dense model (also the constant in every RMSNormNoScale)
-    embedding: int  # columns kept by the embeddings (and learned positions)
-    blocks: tuple[BlockWidths, ...]
-    head: int  # input columns of the LM head
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SlicedWidths:
-        return cls(
-            full=int(data["full"]),
-            embedding=int(data["embedding"]),
-            blocks=tuple(BlockWidths(**block) for block in data["blocks"]),
-            head=int(data["head"]),
-        )
-
-    @classmethod
-    def uniform(cls, full: int, width: int, num_blocks: int, slice_head: bool) -> SlicedWidths:
-        """Every signal at d, except the last block's output and the head at D unless slice_head."""
-        last = width if slice_head else full
-        blocks = tuple(
-            BlockWidths(attn_in=width, mlp_in=width, out=last if index == num_blocks - 1 else width)
-            for index in range(num_blocks)
-        )
-        return cls(full=full, embedding=width, blocks=blocks, head=last)
-
-
-@dataclass
-class SlicingReport:
-    """What slicing did, for the job's results and the artifact's slicing_config.json."""
-
-    family: str
-    hidden_size: int  # D
-    sparsity: float  # fraction of the residual width removed (not of parameters)
-    round_to: int
-    slice_head: bool
-    widths: SlicedWidths
-    params_before: int  # unique parameters of the dense model (a tied head counted once)
-    params_after: int
-    predicted_params_before: int | None  # from the config formula (core.param_count)
-    predicted_params_after: int | None
-    calibration_sequences: int
-    calibration_tokens: int  # non-padded positions the PCAs saw
-    device: str
-    dtype: str
-    timings: dict[str, Any] = field(default_factory=dict)  # seconds: capture, blocks (list), head, total
-    layout: str = PER_LAYER_LAYOUT  # core.methods layouts: per-layer (this module) or stock (slicing.stock)
-    pooling: str | None = None  # stock layout: how the signals were pooled into the one basis
-    # The kept directions of every block-boundary signal, (D, d_k) float32 on the CPU: k = 0 is what
-    # block 0 reads (the embedding output), k = i + 1 what block i writes. A dense stream x maps
-    # into the sliced model's signal k as x @ B_k, and back as x_k @ B_k^T (probes use both).
-    bases: list[torch.Tensor] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def width(self) -> int:
-        """d, the kept width of the residual stream."""
-        return self.widths.embedding
-
-    @property
-    def param_fraction_removed(self) -> float:
-        """1 - after / before: the real parameter saving (may be negative for tied small models)."""
-        return 1.0 - self.params_after / self.params_before
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(replace(self, bases=None))
-        data.pop("bases")
-        data["width"] = self.width
-        data["param_fraction_removed"] = self.param_fraction_removed
-        return data
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Unique parameters (shared ones counted once)."""
-    return sum(parameter.numel() for parameter in model.parameters())
-
-
-def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
-    """True once any norm was folded away (a fused or sliced model)."""
-    norms = [adapter.final_norm(model)]
-    for block in adapter.blocks(model):
-        norms += [adapter.attn_norm(block), adapter.mlp_norm(block)]
-    return any(isinstance(norm, RMSNormNoScale) for norm in norms)
-
-
-def _rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
-    """The pass that rotates a stream of `dtype` onto `basis` and keeps `keep` directions:
-    hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
-
-    In float32 (float64 for a float64 stream), not float64 like the weights: a product with an
-    orthogonal matrix adds a relative error of about sqrt(D) float32 epsilons, far below what the
-    stream's own dtype keeps, and float64 here cost 14 % of slicing's time. Q's kept columns are
-    cast once per pass, not once per chunk."""
-    compute = torch.promote_types(dtype, torch.float32)
-    kept = basis[:, :keep].to(compute)  # (D, keep)
-
-    def rotate(hidden: torch.Tensor, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> torch.Tensor:
-        rotated = hidden.to(device=kept.device, dtype=compute) @ kept
-        return rotated.to(device=hidden.device, dtype=hidden.dtype)
-
-    return rotate
-
-
-def _by_sequences(
-    function: PassFunction,
-    hidden: torch.Tensor,
-    call: BlockCall,
-    size: int,
-) -> torch.Tensor:
-    """function(hidden, args, kwargs) over a batch, run on chunks of `size` sequences
-    (`block_inputs.split_sequences`) and put back together: the whole batch's result with one
-    chunk's intermediates (attention's q/k/v, an MLP's (rows, F) activations)."""
-    parts = [function(part, args, kwargs) for part, (args, kwargs) in split_sequences(hidden, call, size)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    expected64 = expected.double()
-    return float((actual.double() - expected64).norm() / expected64.norm().clamp_min(1e-30))
-
-
-@torch.no_grad()
-def _check_block_structure(
-    model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
-) -> int:
-    """The adapter's residual structure must reproduce the block's own forward exactly (checked on
-    the first two sequences). Returns how many sequences the passes may run at once: a chunk of
-    about ACTIVATION_ROWS positions when running the block sequence by sequence reproduces the
-    pair, else the whole batch."""
-    hidden, call = _move((batch.hidden, batch.call(0)), compute)
-    whole = hidden.shape[0]
-    chunk = max(1, ACTIVATION_ROWS // hidden.shape[1])
-    pair, (args, kwargs) = split_sequences(hidden, call, 2)[0]
-    wrapper = wrap_block(block, adapter)
-    expected = block(pair, *args, **kwargs)
-    expected = expected[0] if isinstance(expected, tuple) else expected
-    actual = wrapper(pair, *args, **kwargs)
-    tolerance = 1e-5 if hidden.dtype in (torch.float32, torch.float64) else 1e-2
-    error = _relative_error(actual, expected)
-    if not error <= tolerance:
-        raise UnsupportedArchitectureError(
-            unsupported_message(
-                config_dict(model),
-                f"its blocks compute something the {adapter.name} adapter's residual structure does not "
-                f"reproduce (relative error {error:.2g}; e.g. scaled residual branches)",
-            )
-        )
-    if chunk >= whole or pair.shape[0] < 2:
-        return whole
-    try:
-        one_by_one = _by_sequences(lambda h, a, k: wrapper(h, *a, **k), pair, (args, kwargs), 1)
-    except (IndexError, RuntimeError, TypeError):  # a call argument this model's blocks cannot cut
-        return whole
-    return chunk if _relative_error(one_by_one, actual) <= tolerance else whole
 
 
 @torch.no_grad()
@@ -308,16 +156,19 @@ def slice_model(
     widths = SlicedWidths.uniform(full, width, len(blocks), slice_head)
     timings: dict[str, Any] = {"blocks": []}
 
-    # Steps 1-3 for the embeddings, then what block 0 sees.
+    # Embeddings (steps 1-2): a LayerNorm model's head untied and its embedding rows centred.
     fuse_embeddings(model, adapter, compute)
+    # Capture: what block 0 receives from every calibration batch, kept where the model lives.
     batches = _capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
     blocks[0].to(compute)
     chunk = _check_block_structure(model, adapter, blocks[0], batches[0], compute)
     release_free_memory()
     timings["capture"] = time.perf_counter() - started
+    # Embedding basis (steps 5-6): Q0, and block 0's inputs rotated onto it and sliced.
     embedding_basis = _stream_basis(batches, full, widths.embedding, compute, chunk)
     release_free_memory()
     bases = [kept_directions(embedding_basis, widths.embedding)] if keep_bases else None
+    # Blocks (steps 2-6 per block), one on the compute device at a time.
     basis = _slice_blocks(
         adapter,
         blocks,
@@ -337,7 +188,8 @@ def slice_model(
     batches.clear()  # the activations are spent; free them before the tables' large temporaries
     release_free_memory()
     head_started = time.perf_counter()
-    # Unties, folds and rotates the head in one copy: first, while the table is dense.
+    # Head and tables (steps 1, 3, 4, 6). Unties, folds and rotates the head in one copy: first,
+    # while the table is dense.
     fuse_final_norm(model, adapter, full, compute, rotation=basis[:, : widths.head])
     for embedding in adapter.embeddings(model):
         rotate_embedding(embedding, embedding_basis, widths.embedding)
@@ -364,27 +216,12 @@ def slice_model(
     )
 
 
-def kept_directions(basis: torch.Tensor, keep: int) -> torch.Tensor:
-    """Q[:, :keep] as float32 on the CPU, what `SlicingReport.bases` holds."""
-    return basis[:, :keep].to(device="cpu", dtype=torch.float32).contiguous()
-
-
-def calibration_keep(
-    calibration_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int
-) -> torch.Tensor:
-    """The (N, T) bool mask of real tokens on the CPU; ValueError for unusable calibration input."""
-    if calibration_ids.dim() != 2:
-        raise ValueError(f"calibration_ids must be (N, T), got shape {tuple(calibration_ids.shape)}")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(calibration_ids)
-    if attention_mask.shape != calibration_ids.shape:
-        raise ValueError("attention_mask must have the shape of calibration_ids")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    keep = attention_mask.to(torch.bool).cpu()
-    if not keep.any():
-        raise ValueError("the calibration set has no unpadded token")
-    return keep
+def is_fused(model: PreTrainedModel, adapter: FamilyAdapter) -> bool:
+    """True once any norm was folded away (a fused or sliced model)."""
+    norms = [adapter.final_norm(model)]
+    for block in adapter.blocks(model):
+        norms += [adapter.attn_norm(block), adapter.mlp_norm(block)]
+    return any(isinstance(norm, RMSNormNoScale) for norm in norms)
 
 
 def resolve_slice_head(family: str, slice_head: bool | None) -> bool:
@@ -397,6 +234,64 @@ def resolve_slice_head(family: str, slice_head: bool | None) -> bool:
             "to the embedding width; pass slice_head=True or None"
         )
     return slice_head
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Unique parameters (shared ones counted once)."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+@torch.no_grad()
+def _check_block_structure(
+    model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
+) -> int:
+    """The adapter's residual structure must reproduce the block's own forward exactly (checked on
+    the first two sequences). Returns how many sequences the passes may run at once: a chunk of
+    about ACTIVATION_ROWS positions when running the block sequence by sequence reproduces the
+    pair, else the whole batch."""
+    hidden, call = _move((batch.hidden, batch.call(0)), compute)
+    whole = hidden.shape[0]
+    chunk = max(1, ACTIVATION_ROWS // hidden.shape[1])
+    pair, (args, kwargs) = split_sequences(hidden, call, 2)[0]
+    wrapper = wrap_block(block, adapter)
+    expected = block(pair, *args, **kwargs)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    actual = wrapper(pair, *args, **kwargs)
+    tolerance = 1e-5 if hidden.dtype in (torch.float32, torch.float64) else 1e-2
+    error = _relative_error(actual, expected)
+    if not error <= tolerance:
+        raise UnsupportedArchitectureError(
+            unsupported_message(
+                config_dict(model),
+                f"its blocks compute something the {adapter.name} adapter's residual structure does not "
+                f"reproduce (relative error {error:.2g}; e.g. scaled residual branches)",
+            )
+        )
+    if chunk >= whole or pair.shape[0] < 2:
+        return whole
+    try:
+        one_by_one = _by_sequences(lambda h, a, k: wrapper(h, *a, **k), pair, (args, kwargs), 1)
+    except (IndexError, RuntimeError, TypeError):  # a call argument this model's blocks cannot cut
+        return whole
+    return chunk if _relative_error(one_by_one, actual) <= tolerance else whole
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    expected64 = expected.double()
+    return float((actual.double() - expected64).norm() / expected64.norm().clamp_min(1e-30))
+
+
+def _by_sequences(
+    function: PassFunction,
+    hidden: torch.Tensor,
+    call: BlockCall,
+    size: int,
+) -> torch.Tensor:
+    """function(hidden, args, kwargs) over a batch, run on chunks of `size` sequences
+    (`block_inputs.split_sequences`) and put back together: the whole batch's result with one
+    chunk's intermediates (attention's q/k/v, an MLP's (rows, F) activations)."""
+    parts = [function(part, args, kwargs) for part, (args, kwargs) in split_sequences(hidden, call, size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _stream_basis(
@@ -413,11 +308,29 @@ def _stream_basis(
     moment = SecondMoment(full, compute)
     for batch in batches:
         moment.add(batch.hidden, batch.keep)
-    _, basis = principal_basis(moment.matrix)
-    rotation = _rotation(basis, width, batches[0].hidden.dtype)
+    _, basis = principal_basis(moment.matrix)  # step 5
+    rotation = _rotation(basis, width, batches[0].hidden.dtype)  # steps 4 and 6 on the stream
     for batch in batches:
         rewrite_stream(batch, width, rotation, chunk=chunk, compute=compute)  # (B, T, d)
     return basis
+
+
+def _rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
+    """The pass that rotates a stream of `dtype` onto `basis` and keeps `keep` directions:
+    hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
+
+    In float32 (float64 for a float64 stream), not float64 like the weights: a product with an
+    orthogonal matrix adds a relative error of about sqrt(D) float32 epsilons, far below what the
+    stream's own dtype keeps, and float64 here cost 14 % of slicing's time. Q's kept columns are
+    cast once per pass, not once per chunk."""
+    compute = torch.promote_types(dtype, torch.float32)
+    kept = basis[:, :keep].to(compute)  # (D, keep)
+
+    def rotate(hidden: torch.Tensor, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> torch.Tensor:
+        rotated = hidden.to(device=kept.device, dtype=compute) @ kept
+        return rotated.to(device=hidden.device, dtype=hidden.dtype)
+
+    return rotate
 
 
 def _slice_blocks(
@@ -450,7 +363,7 @@ def _slice_blocks(
             )
         block_started = time.perf_counter()
         block = blocks[index].to(compute)
-        fuse_block(block, adapter, full, compute)
+        fuse_block(block, adapter, full, compute)  # steps 2-3: writers centred, norms folded
         slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
         blocks[index], basis = slice_block(
             adapter, index, block, batches, basis, block_widths, full, compute, dtype, chunk
@@ -462,36 +375,6 @@ def _slice_blocks(
         if progress is not None:
             progress(index + 1, num_blocks)
     return basis
-
-
-def _predicted_counts(
-    dense_config: dict[str, Any], width: int, slice_head: bool
-) -> tuple[int | None, int | None]:
-    """The parameter counts core.param_count predicts before and after, or None for a structurally
-    recognised model_type without a formula."""
-    try:
-        return (
-            predict_dense_param_count(dense_config),
-            predict_sliced_param_count(dense_config, width, slice_head=slice_head),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None, None
-
-
-def _principal_in_frame(
-    moment: SecondMoment, frame: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(V, Q): the principal basis of a stream accumulated in the frame of `frame` (None: the
-    original basis), as coordinates in that frame (V, which rotates the stream) and in the original
-    basis (Q = frame @ V, which rotates the weights). Both (D, D) float64."""
-    _, local = principal_basis(moment.matrix)
-    return local, local if frame is None else frame @ local
-
-
-def _plus_kept(branches: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """branches + [kept, 0]: the residual sum in a frame whose first columns the kept stream is."""
-    branches[..., : kept.shape[-1]] += kept
-    return branches
 
 
 def _slice_sequential_block(
@@ -506,8 +389,8 @@ def _slice_sequential_block(
     dtype: torch.dtype,
     chunk: int,
 ) -> tuple[SkipConnectedBlock, torch.Tensor]:
-    """Rotate and slice one fused sequential block in place; advance every batch to the block's
-    output in the new basis; return the block's skip-connected wrapper and that basis (Qc).
+    """Rotate and slice one fused sequential block in place (steps 4-6); advance every batch to the
+    block's output in the new basis; return the block's skip-connected wrapper and that basis (Qc).
 
     Frames: each pass writes the residual at width D in the frame of its input's basis where the
     branch's writers can be rotated into it (`rotation.writers_in_frame`): h in Qa's frame, y in
@@ -516,7 +399,7 @@ def _slice_sequential_block(
     d_in, d_mid, d_out = widths.attn_in, widths.mlp_in, widths.out
     # Until the block's output basis is known, its skips map back to the original basis.
     wrapper = SkipConnectedBlock(block, adapter, attn_skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
-    rotate_readers(adapter.attn_readers(block), basis_in, d_in)
+    rotate_readers(adapter.attn_readers(block), basis_in, d_in)  # steps 4 and 6: W @ Qa[:, :d]
 
     moment = SecondMoment(full, compute)
     with writers_in_frame(adapter, block, ("attention",), basis_in) as framed:
@@ -532,6 +415,7 @@ def _slice_sequential_block(
                 batch, full, attention, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
             )
     release_free_memory()  # the pass's activations are freed
+    # Step 5 on h, then steps 4 and 6 for the attention writers, the MLP readers and the skip.
     mid_local, basis_mid = _principal_in_frame(moment, basis_in if framed else None)  # Qb
     rotate_branch_output(adapter, block, "attention", basis_mid, d_mid)
     rotate_readers(adapter.mlp_readers(block), basis_mid, d_mid)
@@ -551,6 +435,7 @@ def _slice_sequential_block(
         for batch in batches:
             rewrite_stream(batch, full, mlp, chunk=chunk, compute=compute, moment=moment)
     release_free_memory()
+    # Step 5 on y, then steps 4 and 6 for the MLP writers, the skip and the stream.
     out_local, basis_out = _principal_in_frame(moment, basis_mid if framed else None)  # Qc
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
@@ -573,12 +458,12 @@ def _slice_parallel_block(
     dtype: torch.dtype,
     chunk: int,
 ) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
-    """Parallel-residual blocks: one input basis Qa, one output basis Qc, one skip
+    """Steps 4-6 for a parallel-residual block: one input basis Qa, one output basis Qc, one skip
     S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa. The pass writes y in
     Qa's frame where both branches' writers can be rotated into it, as in sequential blocks."""
     d_in, d_out = widths.attn_in, widths.out
     wrapper = ParallelSkipConnectedBlock(block, adapter, skip=basis_in[:, :d_in].T.to(dtype))  # (d_in, D)
-    rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis_in, d_in)
+    rotate_readers(adapter.attn_readers(block) + adapter.mlp_readers(block), basis_in, d_in)  # steps 4, 6
 
     moment = SecondMoment(full, compute)
     with writers_in_frame(adapter, block, BRANCHES, basis_in) as framed:
@@ -594,6 +479,7 @@ def _slice_parallel_block(
                 batch, full, forward, chunk=chunk, compute=compute, call=batch.call(index), moment=moment
             )
     release_free_memory()
+    # Step 5 on y, then steps 4 and 6 for both branches' writers, the skip and the stream.
     out_local, basis_out = _principal_in_frame(moment, basis_in if framed else None)  # Qc
     rotate_branch_output(adapter, block, "attention", basis_out, d_out)
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
@@ -602,3 +488,33 @@ def _slice_parallel_block(
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
     return wrapper, basis_out
+
+
+def _principal_in_frame(
+    moment: SecondMoment, frame: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V, Q): the principal basis of a stream accumulated in the frame of `frame` (None: the
+    original basis), as coordinates in that frame (V, which rotates the stream) and in the original
+    basis (Q = frame @ V, which rotates the weights). Both (D, D) float64."""
+    _, local = principal_basis(moment.matrix)
+    return local, local if frame is None else frame @ local
+
+
+def _plus_kept(branches: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """branches + [kept, 0]: the residual sum in a frame whose first columns the kept stream is."""
+    branches[..., : kept.shape[-1]] += kept
+    return branches
+
+
+def _predicted_counts(
+    dense_config: dict[str, Any], width: int, slice_head: bool
+) -> tuple[int | None, int | None]:
+    """The parameter counts core.param_count predicts before and after, or None for a structurally
+    recognised model_type without a formula."""
+    try:
+        return (
+            predict_dense_param_count(dense_config),
+            predict_sliced_param_count(dense_config, width, slice_head=slice_head),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None, None

@@ -47,22 +47,21 @@ from core.families import stock_layout_refusal, unsupported_message
 from core.methods import STOCK_LAYOUT
 from core.param_count import predict_dense_param_count, predict_stock_param_count, sliced_width, stock_config
 from workers.architectures import FamilyAdapter, UnsupportedArchitectureError, config_dict, detect_family
-from workers.block_inputs import BlockBatch, capture_block_inputs, home_device, move_to
-from workers.slicing.engine import (
+from workers.block_inputs import (
+    BlockBatch,
     ProgressCallback,
-    SlicedWidths,
-    SlicingReport,
-    SlicingStopped,
     StopCheck,
     calibration_keep,
-    count_parameters,
-    is_fused,
-    kept_directions,
+    capture_block_inputs,
+    home_device,
+    move_to,
 )
+from workers.slicing.engine import SlicingStopped, count_parameters, is_fused
 from workers.slicing.fusion import hidden_width, untie_head
 from workers.slicing.pca import principal_basis
 from workers.slicing.portable.sliced_modules import BRANCHES, SkipConnectedBlock, norm_epsilon
 from workers.slicing.portable.sliced_weights import tensor_of
+from workers.slicing.report import SlicedWidths, SlicingReport, kept_directions
 from workers.slicing.weights import fold_norm_into_readers, rotate_embedding, rotate_readers, rotate_writers
 
 EPSILON_ATTRIBUTES = ("variance_epsilon", "eps")  # where HF RMSNorm modules keep their epsilon

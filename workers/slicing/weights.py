@@ -1,4 +1,5 @@
-"""Weight surgery on the modules that read or write the residual stream.
+"""Weight surgery on the modules that read or write the residual stream: SliceGPT's steps 4 (rotate)
+and 6 (slice), as `workers.slicing.engine` numbers them.
 
 Conventions: the residual stream is a row vector h of width D; a linear reading it computes
 h @ W.T + b with W stored [out, in] (nn.Linear; GPT-2's Conv1D stores W.T and is handled here so
