@@ -157,14 +157,16 @@ def predict_before_pruning(
                 values,
             )
         )
-    chosen, reason, record = _registered(answers, scores, mode, method, profile)
+    mode_chosen = mode in CHOSEN_MODES and _both_possible(model, others, scored.siblings)
+    nested = None if mode_chosen else _chosen_nested(answers, scores, mode, model, level)
+    chosen, reason, record = nested or _registered(answers, scores, mode, method, profile)
     if not answers:
         reason = (
             f"no measured {method} curve of a profiled model in the store to learn the laws' coefficients "
             f"from: sweep {method} on a model and profile it under the sweep's calibration"
         )
     own_points = 0 if own_curve is None else len(own_curve.points)
-    if chosen is not None and mode in CHOSEN_MODES and _both_possible(model, others, scored.siblings):
+    if chosen is not None and mode_chosen:
         record = nested_choice_score(scores, chosen, level)
     trust = verdict(None if record is None else record.summary, new_model=mode in NEW_MODEL_MODES)
     return BeforePruning(profile, method, own_points, mode, answers, chosen, reason, trust, level)
@@ -290,6 +292,40 @@ def nested_choice_score(scores: dict[tuple[str, str], Score], predictor: str, le
     """The record of `_known_mode`'s choice between carrying over and pooling for `predictor`."""
     candidates = _mode_records(scores, predictor)
     return Score(predictor, NESTED_MODE, level, tuple(records.nested(candidates)))
+
+
+PREDICTOR_NESTED_MODE = "feature law chosen on other models, scored nested"
+
+
+def _chosen_nested(
+    answers: list[PredictorAnswer],
+    scores: dict[tuple[str, str], Score],
+    mode: str,
+    model: str,
+    level: float,
+) -> tuple[str, str, Score] | None:
+    """The feature law with the lowest pooled |ln| miss in `mode` over *other* models' curves, why,
+    and the record of that choice made nested (each model's points judged under the law chosen
+    without them, `records.nested`); None until other models' records hold `records.MIN_POINTS`
+    points, when the registered predictor answers. bench/profile_records.py measured this choice
+    against the registry on both models: x1.08-x1.5 against x1.42-x9.19 at zero points. Left to the
+    registry where the mode itself was chosen between carrying over and pooling (that choice is
+    nested on the registered predictor's records)."""
+    answering = {answer.predictor for answer in answers}
+    candidates = {
+        name: score.points
+        for (name, in_mode), score in scores.items()
+        if in_mode == mode and name in answering
+    }
+    name = records.choose(candidates, exclude_model=model)
+    if name is None:
+        return None
+    others = len({point.model for point in candidates[name] if point.model != model})
+    reason = (
+        f"the feature law with the lowest |ln| miss in mode `{mode}` over {others} other model(s)' "
+        f"curves, chosen without this model's points; its record is that choice made nested"
+    )
+    return name, reason, Score(name, PREDICTOR_NESTED_MODE, level, tuple(records.nested(candidates)))
 
 
 def _registered(
