@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 
 from app.deps import CursorQuery, SessionDep
 from app.pagination import keyset_page
-from app.problems import ProblemError
 from app.schemas.results import ResultList, ResultPublic
 from core.tables import Result
 
@@ -44,12 +44,9 @@ def list_results(
     (`sparsity_min` above `sparsity_max`) is a 422: one query parameter's schema cannot refer to
     another's, so the spec says it in their descriptions."""
     if sparsity_min is not None and sparsity_max is not None and sparsity_min > sparsity_max:
-        raise ProblemError(
-            422,
-            f"sparsity_min ({sparsity_min:g}) must not exceed sparsity_max ({sparsity_max:g})",
-            slug="validation-error",
-            title="Request validation failed",
-            errors=[{"loc": ["query", "sparsity_min"], "msg": "exceeds sparsity_max", "type": "value_error"}],
+        message = f"sparsity_min ({sparsity_min:g}) must not exceed sparsity_max ({sparsity_max:g})"
+        raise RequestValidationError(
+            [{"loc": ("query", "sparsity_min"), "msg": message, "type": "value_error", "input": sparsity_min}]
         )
     query = select(Result)
     filters = {
