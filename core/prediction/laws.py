@@ -550,6 +550,13 @@ class Calibration:
             p, flags=(*self.flags, *p.flags), notes=notes, strict_law_errors=self.strict_law_errors
         )
 
+    @property
+    def answers_from_dense(self) -> bool:
+        """Whether every answer of this calibration starts at the dense value: an anchored law does by
+        its form, an affine perplexity law by `_from_dense_short_of_first_point`; an affine accuracy
+        law does not (its intercept is free short of its first fitted point)."""
+        return self.chosen.form.anchored or self.metric == "ppl"
+
     def _from_dense_short_of_first_point(self, p: Prediction, level: float) -> Prediction:
         """A perplexity law not anchored at the dense point (the affine one, its intercept free) says
         nothing trustworthy short of its first fitted point: at s = 0 it can say 36 where the dense
@@ -557,7 +564,7 @@ class Calibration:
         dense point and the law at that first point (flag `interpolated_from_dense`), its band moved
         with it; a form fixed before anything scored it, with no constant of its own. Backtests and
         answers both call this, so the record scores what is answered."""
-        if self.metric != "ppl" or self.chosen.form.anchored:
+        if self.chosen.form.anchored or not self.answers_from_dense:
             return p
         first = min((point[0] for point in self.chosen.points), default=None)
         if first is None or not 0.0 < p.sparsity < first:

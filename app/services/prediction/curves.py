@@ -54,8 +54,7 @@ def _calibrated_curve(calibration: Calibration, level: float, flags: set[str]) -
     """The calibrated law with its band on CURVE_GRID; what it meets is added to `flags`. It passes
     through the dense baseline it was fitted with; an accuracy law not anchored there (its intercept
     free) is drawn from its first fitted point on instead, never through a dense value it contradicts."""
-    anchored = calibration.chosen.form.anchored or calibration.metric == PPL
-    start = 0.0 if anchored else min(p[0] for p in calibration.chosen.points)
+    start = 0.0 if calibration.answers_from_dense else min(p[0] for p in calibration.chosen.points)
     if start > 0.0:
         flags.add("drawn_from_first_point")
     calibrated = []
