@@ -1,16 +1,18 @@
 """The store's generation: one counter that every change predictions read bumps, so that their
 records, priors and whole answers are cached per generation and a request costs one primary-key read.
 
-What predictions read changes only when a result, fit or profile row is written or deleted, or a job
-enters or leaves `succeeded` (a simulation's rows count only once its job has succeeded). Triggers
-bump the counter in the same transaction as the change, so a reader never sees a new generation
-without the change (nor the change under an old generation for longer than its own read). The
-aggregates this replaces (counts and maxima over four tables) cost 0.3 ms more per request than a
-trivial read at 1,000 results, and grew with the tables.
+What predictions read changes only when a result, fit or profile row is written or deleted (or its
+table truncated), or a job enters or leaves `succeeded` (a simulation's rows count only once its job
+has succeeded). Triggers bump the counter in the same transaction as the change, so a reader never
+sees a new generation without the change (nor the change under an old generation for longer than its
+own read). The aggregates this replaces (counts and maxima over four tables) cost 0.3 ms more per
+request than a trivial read at 1,000 results, and grew with the tables.
 
-On PostgreSQL the triggers are deferred constraint triggers: the counter row is locked only at commit,
-the last lock a transaction takes, so two writers can wait for each other's commit but never
-deadlock over it. SQLite runs one writer at a time, so plain triggers do.
+On PostgreSQL the row triggers are deferred constraint triggers: the counter row is locked only at
+commit, the last lock a transaction takes, so two writers can wait for each other's commit but never
+deadlock over it. A TRUNCATE (maintenance and test fixtures, never the service) fires no row trigger,
+so a statement trigger bumps the counter at once. SQLite runs one writer at a time, so plain
+triggers do.
 
 The DDL lives here once: `core.tables` installs it on `create_all`, and the migration that added the
 counter (0010) runs the same statements; changing them needs a new migration.
@@ -55,6 +57,11 @@ def install_statements(dialect: str) -> list[str]:
                 f"CREATE CONSTRAINT TRIGGER {JOBS}_generation_{name} AFTER {event} ON {JOBS} {deferred} "
                 f"WHEN ({condition}) EXECUTE FUNCTION {_PG_FUNCTION}()"
             )
+        for table in (*WATCHED, JOBS):  # TRUNCATE fires no row trigger (SQLite has no TRUNCATE)
+            statements.append(
+                f"CREATE TRIGGER {table}_generation_truncate AFTER TRUNCATE ON {table} "
+                f"FOR EACH STATEMENT EXECUTE FUNCTION {_PG_FUNCTION}()"
+            )
         return statements
     if dialect == "sqlite":
         for table in WATCHED:
@@ -77,6 +84,7 @@ def drop_statements(dialect: str) -> list[str]:
     if dialect == "postgresql":
         triggers = [(f"{table}_generation", table) for table in WATCHED]
         triggers += [(f"{JOBS}_generation_{name}", JOBS) for name, _, _ in _JOB_EVENTS]
+        triggers += [(f"{table}_generation_truncate", table) for table in (*WATCHED, JOBS)]
         drops = [f"DROP TRIGGER IF EXISTS {name} ON {table}" for name, table in triggers]
         return [*drops, f"DROP FUNCTION IF EXISTS {_PG_FUNCTION}()", f"DELETE FROM {TABLE}"]
     if dialect == "sqlite":

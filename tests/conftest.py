@@ -100,14 +100,12 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def clean_store(pg_url: str) -> Iterator[Store]:
-    """The run's Postgres store, emptied before each test. TRUNCATE fires no row trigger, so the
-    store's generation (kept, with its one row) is bumped by hand: answers cached for the last test's
-    store must not answer for this one."""
+    """The run's Postgres store, emptied before each test; the store's generation keeps its row (the
+    TRUNCATE bumps it, so answers cached for the last test's store never answer for this one)."""
     store = Store(pg_url)
     with store.session() as session:
         tables = ", ".join(t.name for t in Base.metadata.sorted_tables if t.name != store_generation.TABLE)
         session.execute(text(f"TRUNCATE {tables} CASCADE"))
-        session.execute(text(f"UPDATE {store_generation.TABLE} SET generation = generation + 1"))
     yield store
     store.dispose()
 

@@ -94,3 +94,17 @@ def test_a_rolled_back_change_leaves_it_alone(store: Store) -> None:
         session.flush()
         raise RuntimeError("the job step failed")
     assert generation(store) == 0
+
+
+def test_a_truncate_bumps_it_on_postgres(store: Store) -> None:
+    """TRUNCATE fires no row trigger; a statement trigger covers it (SQLite has no TRUNCATE)."""
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no TRUNCATE")
+    with store.session() as session:
+        session.add(Job(id="job-1", kind="evaluate", request={}, model_id="m", request_hash="h"))
+    with store.session() as session:
+        session.execute(text("TRUNCATE results"))
+    assert generation(store) == 1
+    with store.session() as session:
+        session.execute(text("TRUNCATE jobs CASCADE"))  # cascades to results, fits and profiles
+    assert generation(store) > 1
