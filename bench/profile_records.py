@@ -30,7 +30,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import torch  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
+from first_contact import checkpoint, run  # noqa: E402
 from law_records import CURVES  # noqa: E402
 
 from app.main import create_app  # noqa: E402
@@ -55,7 +55,6 @@ from core.prediction.registry import PROFILE_PREDICTORS  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from core.store import Store  # noqa: E402
 
-TERMINAL = ("succeeded", "failed", "canceled")
 CALIBRATION = {"corpus": "boolq-passages", "num_sequences": 128, "seqlen": 512, "seed": 42}
 PROTOCOL = {"seqlen": 512, "max_windows": 40, "dtype": "float32"}
 SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
@@ -107,18 +106,11 @@ def profile(client: TestClient, model: str, args: argparse.Namespace) -> dict[st
     body = {"kind": "profile", "model": model, "calibration": CALIBRATION, "sparsities": SPARSITIES}
     submitted = client.post("/v1/jobs", json=body)
     submitted.raise_for_status()
-    job_id, started = submitted.json()["id"], time.perf_counter()
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in TERMINAL or time.perf_counter() - started > args.timeout_s:
-            break
-        time.sleep(5.0)
-    if job["status"] != "succeeded":
-        raise SystemExit(f"profile job {job_id} of {model} {job['status']}: {job['error']}")
+    job = run(client, submitted.json()["id"], args)
     stored = client.get(f"/v1/models/{model}/profile").json()
     return {
-        "job_id": job_id,
-        "wall_s": round(time.perf_counter() - started, 1),
+        "job_id": job["id"],
+        "wall_s": job["wall_s"],
         "model_id": stored["model"],
         "calibration": stored["calibration"],
     }
@@ -229,11 +221,6 @@ def _record(item: dict[str, Any] | None) -> dict[str, Any] | None:
         "mape": item["mape"],
         "coverage": item["coverage"],
     }
-
-
-def checkpoint(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
 
 
 def _cell(record: dict[str, Any] | None) -> str:
