@@ -1,6 +1,8 @@
 """The predictor each rung uses, fixed here with its reason before any curve scored it: the record a
 verdict reads is then an honest held-out record, not the best of several predictors on the points
-that judge it (which is optimistic by construction).
+that judge it (which is optimistic by construction). The profile rung uses its entry only until other
+models' records let it choose nested (`app.services.prediction.profile_rung._chosen_nested`): on both
+models' curves the entries below lost to that choice (bench/README.md, `profile_records.py`).
 
 The bench figures below were measured once (bench/simulate_curves.py, SmolLM2-135M and Gemma-3-270m)
 and are used only where the store holds no record of its own; the answer says so.

@@ -7,7 +7,7 @@ the store (docs/science.md §2, "One answer per sparsity"); the arithmetic is in
 - `series`: the measured series every law is fitted to, from the store or the caller;
 - `law_values`: the calibrated and strict laws of a series;
 - `simulated`: the stored simulations, and the simulated rung's record;
-- `profile_rung`: the profile's pre-registered feature law, before pruning;
+- `profile_rung`: the profile's feature law (chosen on other models, judged nested), before pruning;
 - `scored_curves`: the store's measured curves with their profile features, and their backtests;
 - `records`: backtest records as the API shows them;
 - `curves`: one model's curve (points, laws, the answer) on a grid;

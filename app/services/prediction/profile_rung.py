@@ -1,8 +1,9 @@
-"""The profile rung: what a model's dense profile predicts before it is pruned, through the method's
-pre-registered feature law (`core.prediction.registry`), its coefficient learned from the store's
-other curves and the model's own points, judged on the record of the mode that matches what is known
-of the model (docs/science.md, "Predicting before pruning"). The other feature laws stay visible
-beside it.
+"""The profile rung: what a model's dense profile predicts before it is pruned, through a feature law
+chosen on other models' records (`_chosen_nested`; the method's pre-registered law,
+`core.prediction.registry`, until they exist), its coefficient learned from the store's other curves
+and the model's own points, judged on the nested record of that choice in the mode that matches what
+is known of the model (docs/science.md, "Predicting before pruning"). The other feature laws stay
+visible beside it.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ def predict_before_pruning(
     whose calibration record matches every non-null field of `calibration` (None without one): each
     coefficient pooled from the store's other curves (other models, and this model under other
     calibrations), updated with this model's own points: its stored curve under the profile's
-    calibration, else `points` (the caller's, or the prune jobs' of the asked protocol). The method's
-    pre-registered predictor (`core.prediction.registry`) is the answer, judged on its record in the
-    mode that matches what is known (`_known_mode`); the others stay visible beside it."""
+    calibration, else `points` (the caller's, or the prune jobs' of the asked protocol). The law chosen
+    on other models' records in the mode that matches what is known (`_known_mode`, `_chosen_nested`)
+    answers, else the method's pre-registered one; the others stay visible beside it."""
     wanted = {key: value for key, value in (calibration or {}).items() if value is not None}
     profiles = [
         p

@@ -1,5 +1,5 @@
 """Each rung's answer at one sparsity (`core.prediction.rungs`), from what the store and the caller
-hold: the measured point, the simulated curve, the profile's registered feature law, the law; and the
+hold: the measured point, the simulated curve, the profile's chosen feature law, the law; and the
 strict law for reference. Each states its band (log-normal, never below PPL0 for perplexity) and the
 verdict of its own record (docs/science.md §2, "One answer per sparsity").
 """
