@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.problems import ProblemError
 from app.queueing import JobQueue
+from core.async_reads import AsyncReader
 from core.settings import Settings
 from core.store import Store
 from core.tables import MAX_ROW_ID
@@ -29,6 +30,8 @@ class Services:
     store: Store
     queue: JobQueue
     metrics_registry: CollectorRegistry
+    async_reader: AsyncReader | None = None
+    """Reads awaited on the event loop (PostgreSQL stores; `core.async_reads`)."""
 
 
 async def get_services(request: Request) -> Services:

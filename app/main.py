@@ -20,6 +20,7 @@ from app.problems import LastResort, document_problems, install_problem_handlers
 from app.queueing import make_queue
 from app.reconciler import Reconciler
 from app.routes import backtests, fits, health, jobs, models, predictions, probes, reports, results
+from core.async_reads import AsyncReader
 from core.logs import configure_logging
 from core.migrate import pending_migrations
 from core.settings import Settings, get_settings
@@ -86,7 +87,10 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
         queue = make_queue(settings, store)
         store_collector = StoreCollector(store, queue)
         registry.register(store_collector)
-        app.state.services = Services(settings=settings, store=store, queue=queue, metrics_registry=registry)
+        async_reader = AsyncReader.for_url(settings.store_url)
+        app.state.services = Services(
+            settings=settings, store=store, queue=queue, metrics_registry=registry, async_reader=async_reader
+        )
         reconciler = Reconciler(store, queue, settings) if start_background else None
         if reconciler:
             reconciler.start()
@@ -100,6 +104,8 @@ def create_app(settings: Settings | None = None, *, start_background: bool = Tru
                 reconciler.stop()
             registry.unregister(store_collector)
             queue.close()
+            if async_reader:
+                await async_reader.close()
             store.dispose()
 
     # Swagger UI and ReDoc served from the package's own copies, never from a CDN: the machines the

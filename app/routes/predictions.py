@@ -30,7 +30,7 @@ router = APIRouter(prefix="/v1/predictions", tags=["predictions"])
         ),
     },
 )
-def create_prediction(body: PredictionCreate, services: ServicesDep) -> Response:
+async def create_prediction(body: PredictionCreate, services: ServicesDep) -> Response:
     """Predict each metric at each sparsity: one `value`, a log-normal `band` (never below the dense
     perplexity), the `rung` it came from and a `verdict` naming the record it rests on.
 
@@ -53,7 +53,7 @@ def create_prediction(body: PredictionCreate, services: ServicesDep) -> Response
 
     Values that are not finite (a law that diverges) are null, with the flag `non_finite`.
     """
-    answer = answer_service.create_prediction(body, services)
+    answer = await answer_service.answer_request(body, services)
     if answer.queued_job is not None:
         location = {"Location": f"/v1/jobs/{answer.queued_job}"}
         return Response(answer.json, status_code=202, media_type="application/json", headers=location)

@@ -43,6 +43,9 @@ OUTLIVING_RUN = {"max_windows": 2400, "seqlen": 16}  # runs on past an outage of
 OUTAGE_S = 5.0  # longer than the heartbeat timeout below
 
 
+UNMEASURED_PREDICTION = {"model": "never-measured", "method": "slicegpt", "sparsities": [0.2]}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -225,6 +228,7 @@ def test_a_store_outage_costs_a_running_job_nothing_and_requests_get_503_on_a_li
             ("GET", f"/v1/jobs/{job['id']}", None),
             ("GET", "/v1/results?metric=ppl", None),
             ("POST", "/v1/jobs", evaluate_body(str(tiny_model_dir))),
+            ("POST", "/v1/predictions", UNMEASURED_PREDICTION),  # its state read is awaited on the loop
             ("GET", "/metrics", None),
             ("GET", "/readyz", None),
         ):
@@ -238,6 +242,8 @@ def test_a_store_outage_costs_a_running_job_nothing_and_requests_get_503_on_a_li
 
     status, _, during = connection.request("GET", f"/v1/jobs/{job['id']}")  # the same socket still works
     assert status == 200 and during["status"] in ("running", "succeeded"), during
+    status, _, problem = connection.request("POST", "/v1/predictions", UNMEASURED_PREDICTION)
+    assert status == 409, problem  # read past the restarted store: no baseline for this model
     done = wait_terminal(base_url, job["id"], 300)
     assert done["status"] == "succeeded", (done, worker.output()[-3000:])
     assert done["attempts"] == 1 and done["error"] is None, done  # never presumed dead, never retried

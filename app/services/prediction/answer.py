@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.deps import Services
 from app.problems import ProblemError
@@ -53,7 +54,7 @@ from app.services.prediction.series import (
     pooled_accuracy_prior,
 )
 from app.services.prediction.simulated import ProtocolKey, newest_simulation, simulation_records
-from app.services.prediction.store_state import StateCache, StoreState, store_state
+from app.services.prediction.store_state import StateCache, StoreState, awaited_store_state, store_state
 from core.methods import simulated_methods, stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
 from core.prediction.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
@@ -84,6 +85,20 @@ class Answered:
 
     json: bytes
     queued_job: str | None = None
+
+
+async def answer_request(body: PredictionCreate, services: Services) -> Answered:
+    """`create_prediction` for the route: the store's state is awaited on the event loop
+    (`core.async_reads`) and a cached answer found there; only a fresh computation runs in the
+    threadpool."""
+    state = await awaited_store_state(services.store, services.async_reader)
+    if body.measure_missing:
+        return await run_in_threadpool(_respond, body, services, state)
+    key = (state, body.model_dump_json())
+    cached: Answered | None = _answers.peek(key)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(_answers.get, key, lambda: _respond(body, services, state))
 
 
 def create_prediction(body: PredictionCreate, services: Services) -> Answered:

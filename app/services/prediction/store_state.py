@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
+from core.async_reads import AsyncReader
 from core.store import Store
 from core.tables import StoreGeneration
 
@@ -34,6 +36,15 @@ def store_state(source: Session | Store) -> StoreState:
     return (str(source.get_bind().engine.url), *row)
 
 
+async def awaited_store_state(store: Store, reader: AsyncReader | None) -> StoreState:
+    """`store_state` for a request on the event loop: awaited on `reader` where the store is
+    PostgreSQL, else read in the threadpool."""
+    if reader is None:
+        return await run_in_threadpool(store_state, store)
+    (row,) = await reader.read(STATE_STATEMENT)
+    return (store.url, *row)
+
+
 class StateCache:
     """A small LRU of answers computed from the store, keyed by its state and the question."""
 
@@ -41,6 +52,14 @@ class StateCache:
         self._size = size
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    def peek(self, key: Hashable) -> Any | None:
+        """The entry under `key` (now the most recently used), or None."""
+        with self._lock:
+            if key not in self._entries:
+                return None
+            self._entries.move_to_end(key)
+            return self._entries[key]
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         with self._lock:
