@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from core.methods import METHODS, STOCK_LAYOUT, UNSTRUCTURED, Simulation, simulated_methods
-from core.specs.common import CalibrationSpec, ModelSpec, PerplexitySpec
+from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, PerplexitySpec
 from core.specs.pruning import LAYOUT_DESCRIPTION, ROUND_TO_DESCRIPTION, SLICE_HEAD_DESCRIPTION, SlicedLayout
 
 SimulatedMethod = Literal["slicegpt", "magnitude", "magnitude-row", "wanda", "sparsegpt"]
@@ -36,8 +36,9 @@ class SimulateJobCreate(ModelSpec):
     directions of its basis; the mask methods as the dense model with their masks applied to the
     weights for the length of one forward (`sparsegpt` by Wanda's mask without its weight update: a
     proxy, labelled so). Nothing is pruned or saved. Points are stored with `source: simulated`, apart
-    from measured ones; `anchors` also runs the method itself at those sparsities (through the same
-    passes, no weight surgery) and stores the curve scaled through them (`law: anchored`)."""
+    from measured ones, and with `accuracy` each sparsity's task scores too; `anchors` also runs the
+    method itself at those sparsities (through the same passes, no weight surgery) and stores the
+    curve scaled through them (`law: anchored`)."""
 
     kind: Literal["simulate"]
     method: SimulatedMethod = Field(
@@ -87,6 +88,15 @@ class SimulateJobCreate(ModelSpec):
         description="The evaluation windows every sparsity is scored on; the dense baseline is reused from "
         "an earlier job when model, data and this protocol match. `max_windows` below the full split "
         "scores a subset: each point then carries a sampling band for the full-split value.",
+    )
+
+    accuracy: AccuracySpec | None = Field(
+        None,
+        description="Tasks to score on each simulated sparsity's model, as a prune job scores its pruned "
+        "model (the dense scores reused when model, data and this protocol match): multiple choice, "
+        "LAMBADA and GSM8K alike, through the model's own forward with the signals projected or the "
+        "weights masked as at face value. Each sparsity costs one scoring of the tasks. Anchors are not "
+        "task-scored; null: none.",
     )
 
     @field_validator("sparsities", "anchors")

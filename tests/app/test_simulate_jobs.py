@@ -10,7 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.app.test_jobs_api import assert_problem
-from tests.app.test_prune_jobs import wait_done
+from tests.app.test_prune_jobs import prune_body, wait_done
 
 CALIBRATION = {"num_sequences": 4, "seqlen": 32, "batch_size": 2}
 PERPLEXITY = {"seqlen": 64, "max_windows": 3}
@@ -116,3 +116,65 @@ def test_data_free_and_stock_simulations_are_marked_exact(
         rows = api.get("/v1/results", params={"job_id": job["id"], "source": "simulated"}).json()["items"]
         assert {r["method"] for r in rows} == {stored} and len(rows) == 2
         assert all(r["protocol"]["simulation"]["exact"] for r in rows)
+
+
+TASK_ACCURACY = {"tasks": ["arc_easy"], "limit": 4, "batch_size": 8}
+
+
+def _simulated_scores(api: TestClient, job_id: str) -> dict[tuple[float, str, str], dict[str, Any]]:
+    """(sparsity, task, metric) -> the simulated task row."""
+    rows = api.get("/v1/results", params={"job_id": job_id, "source": "simulated", "limit": 100}).json()
+    return {(r["sparsity"], r["dataset"], r["metric"]): r for r in rows["items"] if r["metric"] != "ppl"}
+
+
+def test_a_magnitude_simulation_scores_tasks_as_its_pruned_model_does(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Magnitude's simulated model is its pruned model: the task scores of a simulation equal those of
+    a prune job at the same sparsity, and each row names the dense score it compares with."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    body = simulate_body(model, method="magnitude", sparsities=[0.3, 0.6], anchors=[], accuracy=TASK_ACCURACY)
+    job = api.post("/v1/jobs", json=body).json()
+    wait_done(api, job["id"], worker)
+    scores = _simulated_scores(api, job["id"])
+    assert set(scores) == {(s, "arc_easy", m) for s in (0.3, 0.6) for m in ("acc", "acc_norm")}
+    dense_query = {"model": model, "method": "dense", "metric": "acc"}
+    dense = api.get("/v1/results", params=dense_query).json()["items"]
+    for row in scores.values():
+        assert row["dataset"] == "arc_easy" and row["n"] == 4 and row["source"] == "simulated"
+        simulation = row["protocol"]["simulation"]
+        assert simulation["role"] == "simulated" and simulation["exact"] is True
+        if row["metric"] == "acc":
+            assert row["protocol"]["dense_value"] == dense[0]["value"]
+    for sparsity in (0.3, 0.6):
+        prune = prune_body(model, sparsity, method="magnitude", accuracy=TASK_ACCURACY, perplexity=PERPLEXITY)
+        pruned_job = api.post("/v1/jobs", json=prune).json()
+        wait_done(api, pruned_job["id"], worker)
+        pruned = api.get("/v1/results", params={"job_id": pruned_job["id"], "limit": 50}).json()["items"]
+        measured = {r["metric"]: r["value"] for r in pruned if r["metric"] in ("acc", "acc_norm")}
+        assert measured == {m: scores[(sparsity, "arc_easy", m)]["value"] for m in ("acc", "acc_norm")}
+
+
+def test_a_slicing_simulation_scores_multiple_choice_and_lambada_on_its_projected_model(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Generation (LAMBADA's greedy last word, a KV cache) runs through the projected blocks too; the
+    measured points stay the dense ones alone."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    accuracy = {"tasks": ["arc_easy", "lambada_openai"], "limit": 3, "batch_size": 4}
+    job = api.post(
+        "/v1/jobs", json=simulate_body(model, sparsities=[0.5], anchors=[], accuracy=accuracy)
+    ).json()
+    wait_done(api, job["id"], worker)
+    scores = _simulated_scores(api, job["id"])
+    assert {(0.5, "arc_easy", "acc"), (0.5, "lambada_openai", "acc")} <= set(scores)
+    for row in scores.values():
+        assert (
+            row["protocol"]["simulation"]["width"] is not None
+            and row["protocol"]["simulation"]["exact"] is False
+        )
+        assert math.isfinite(row["value"])
+    measured = api.get("/v1/results", params={"job_id": job["id"], "source": "measured", "limit": 50}).json()
+    assert {r["method"] for r in measured["items"]} == {"dense"}

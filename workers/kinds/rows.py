@@ -115,9 +115,11 @@ def accuracy_results(
     seed: int,
     environment: dict[str, Any],
     extra_protocol: dict[str, dict[str, Any]] | None = None,
+    source_kind: str = "measured",
 ) -> list[Result]:
     """One row per metric the task defines. `extra_protocol` maps a metric to protocol entries
-    for its row only (e.g. the dense result a pruned accuracy compares with)."""
+    for its row only (e.g. the dense result a pruned accuracy compares with); `source_kind` is the
+    rows' `source` (a simulation's scores are `simulated`)."""
     protocol: dict[str, Any] = {
         **measured.protocol,
         "task": measured.task,
@@ -141,7 +143,7 @@ def accuracy_results(
             value=value,
             stderr=stderr,
             n=measured.n,
-            source="measured",
+            source=source_kind,
             protocol={**protocol, **(extra_protocol or {}).get(metric, {})},
         )
         for metric, (value, stderr) in values.items()

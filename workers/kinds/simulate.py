@@ -7,14 +7,18 @@ Stages and the share of the job's progress each one covers:
     dense baseline  0.02-0.10  reused from the store like a prune job's, else measured and stored
     calibration     0.10-0.12  the windows a prune of the same request would draw
     simulating      0.12-1.00  detail "(S sparsities, A anchors): block i/L", then every curve's
-                               windows are read through the head
+                               windows are read through the head (to 0.70 with `accuracy`)
+    accuracy        0.70-1.00  with `accuracy`: each simulated sparsity's whole model scored on the
+                               tasks, detail "s=<s> (j/S): <task> i/N"
 
 Stored, per simulated sparsity: a `ppl` result with `source: simulated`, its perplexity protocol (the
 same keys as a measured one, so it is found by protocol), the dense baseline it compares with, and
 under `simulation` how it was made (engine, bases, windows, role) with its sampling band for the full
 evaluation split when only part of it was scored. Per anchor: the method itself through the same
 passes (`role: anchor`). With anchors, each simulated sparsity also gets the curve scaled through them
-(`law: anchored`, `core.prediction.anchoring`).
+(`law: anchored`, `core.prediction.anchoring`). With `accuracy`, per simulated sparsity and task
+metric: a result with `source: simulated` scored on that sparsity's whole simulated model
+(`workers.simulation.whole_models`), beside the dense score it compares with.
 """
 
 from __future__ import annotations
@@ -27,13 +31,16 @@ from typing import Any
 from core.methods import METHODS
 from core.prediction.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
 from core.prediction.sampling import sampled_band
+from core.specs.common import AccuracySpec
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
 from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
+from workers.evaluation.task_scoring import ScoredTask
+from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare
-from workers.kinds.rows import perplexity_protocol, stored_method
-from workers.kinds.steps import step_reporter
+from workers.kinds.rows import accuracy_results, perplexity_protocol, stored_method
+from workers.kinds.steps import stage_progress, step_reporter
 from workers.offload import suspended
 from workers.simulation import (
     ANCHOR,
@@ -44,15 +51,18 @@ from workers.simulation import (
     SimulationStopped,
     simulate_curve,
 )
+from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
+TASKS_START = 0.70
+"""Where task scoring starts in the job's progress, when the job scores tasks."""
 BAND_LEVEL = 0.95
 
 
 def run(context: JobContext) -> None:
     spec = SimulateJobCreate.model_validate(context.request)
     started = time.perf_counter()
-    prepared = prepare(context, spec, SPANS)
+    prepared = prepare(context, spec, SPANS, spec.accuracy)
     data = prepared.data
     available = data.token_ids.numel() // data.seqlen  # the split's windows, which a band covers
     try:
@@ -68,7 +78,9 @@ def run(context: JobContext) -> None:
         slice_head=spec.slice_head,
         calibration_batch_size=spec.calibration.batch_size,
         eval_batch_size=spec.perplexity.batch_size,
+        keep_models=spec.accuracy is not None,
     )
+    simulated_end = 1.0 if spec.accuracy is None else TASKS_START
     detail = f"({len(spec.sparsities)} sparsities, {len(spec.anchors)} anchors): "
     context.report("simulating", SPANS.calibration[1], detail)
     simulating_started = time.perf_counter()
@@ -84,7 +96,9 @@ def run(context: JobContext) -> None:
                 attention_mask=None if calibration is None else calibration.attention_mask,
                 options=options,
                 device=prepared.loaded.device,
-                progress=step_reporter(context, "simulating", SPANS.calibration[1], 1.0, "block", detail),
+                progress=step_reporter(
+                    context, "simulating", SPANS.calibration[1], simulated_end, "block", detail
+                ),
                 should_stop=context.should_stop,
             )
     except SimulationStopped:
@@ -92,8 +106,15 @@ def run(context: JobContext) -> None:
         raise
     except ValueError as error:  # UnsupportedArchitectureError included
         raise JobFailure(f"simulating: {error}") from error
-    timings = {**prepared.timings, "simulate_s": lap(simulating_started), "total_s": lap(started)}
+    timings = {**prepared.timings, "simulate_s": lap(simulating_started)}
+    scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
+    if spec.accuracy is not None:
+        tasks_started = time.perf_counter()
+        scored = _score_tasks(context, prepared, spec.accuracy, report, start=simulated_end)
+        timings["accuracy_s"] = lap(tasks_started)
+    timings["total_s"] = lap(started)
     rows = simulated_results(prepared, spec, report, available, timings)
+    rows += simulated_accuracy_results(prepared, spec, report, scored)
     context.add_results(rows)
     context.log.info(
         "simulation finished",
@@ -213,22 +234,102 @@ def _protocol(
         "dense_ppl": prepared.dense.value,
         "dense_reused": prepared.dense_reused,
         "calibration": prepared.calibration_record,
-        "simulation": {
-            "role": point.role,
-            "engine": report.simulation,
-            "bases": report.bases,
-            "basis_windows": report.basis_windows if point.role == SIMULATED else None,
-            "width": point.width,
-            # the method's own model up to float rounding (an anchor always is), not an approximation
-            "exact": point.role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),
-            "anchors": spec.anchors,
-            "family": report.family,
-            "calibration_tokens": report.calibration_tokens,
-            "engine_timings_s": {key: round(value, 3) for key, value in report.timings.items()},
-        },
+        "simulation": _simulation_record(spec, report, point.role, point.width),
         "timings": timings,
         **prepared.environment,
     }
+
+
+def _simulation_record(
+    spec: SimulateJobCreate, report: SimulationReport, role: str, width: int | None
+) -> dict[str, Any]:
+    """How a simulated row was made (its protocol's `simulation`)."""
+    return {
+        "role": role,
+        "engine": report.simulation,
+        "bases": report.bases,
+        "basis_windows": report.basis_windows if role == SIMULATED else None,
+        "width": width,
+        # the method's own model up to float rounding (an anchor always is), not an approximation
+        "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),
+        "anchors": spec.anchors,
+        "family": report.family,
+        "calibration_tokens": report.calibration_tokens,
+        "engine_timings_s": {key: round(value, 3) for key, value in report.timings.items()},
+    }
+
+
+def _score_tasks(
+    context: JobContext,
+    prepared: Prepared,
+    accuracy: AccuracySpec,
+    report: SimulationReport,
+    *,
+    start: float,
+) -> list[tuple[SimulatedModel, list[ScoredTask]]]:
+    """Each simulated sparsity's whole model scored on the job's tasks, one after the other."""
+    tasks = [plan.name for plan in prepared.accuracy_plans]
+    model, scored = prepared.loaded.model, []
+    for position, simulated in enumerate(report.models):
+        low = stage_progress(start, 1.0, position, len(report.models))
+        high = stage_progress(start, 1.0, position + 1, len(report.models))
+        prefix = f"s={simulated.sparsity:g} ({position + 1}/{len(report.models)}): "
+        with simulated.applied(model):
+            scored.append(
+                (
+                    simulated,
+                    measure_accuracy(
+                        context,
+                        model,
+                        prepared.loaded.tokenizer,
+                        accuracy,
+                        tasks,
+                        stage="accuracy",
+                        start=low,
+                        end=high,
+                        detail_prefix=prefix,
+                    ),
+                )
+            )
+    return scored
+
+
+def simulated_accuracy_results(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    scored: list[tuple[SimulatedModel, list[ScoredTask]]],
+) -> list[Result]:
+    """Per simulated sparsity, task and metric: a `simulated` row beside the dense score it compares with."""
+    rows = []
+    for simulated, tasks in scored:
+        width = simulated.width if isinstance(simulated, ProjectedModel) else None
+        record = _simulation_record(spec, report, SIMULATED, width)
+        for measured in tasks:
+            dense = prepared.dense_accuracy[measured.task]
+            per_metric = {
+                metric: {
+                    "method": spec.method,
+                    "dense_result_id": row.id,
+                    "dense_value": row.value,
+                    "dense_reused": dense.reused,
+                    "calibration": prepared.calibration_record,
+                    "simulation": record,
+                }
+                for metric, row in dense.results.items()
+            }
+            rows += accuracy_results(
+                measured,
+                source=prepared.source,
+                loaded=prepared.loaded,
+                method=stored_method(spec),
+                sparsity=simulated.sparsity,
+                seed=spec.seed,
+                environment=prepared.environment,
+                extra_protocol=per_metric,
+                source_kind=SIMULATED_SOURCE,
+            )
+    return rows
 
 
 def _band(point: SimulatedPoint, available_windows: int) -> dict[str, Any] | None:

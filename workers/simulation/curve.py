@@ -14,6 +14,7 @@ from core.param_count import sliced_width
 from workers.architectures import FamilyAdapter, detect_family, match_structure
 from workers.block_inputs import BlockBatch, calibration_keep, capture_block_inputs, home_device
 from workers.probing.head import Float32Head
+from workers.pruning.recording import InputStatistic
 from workers.pruning.rules import LINEAR_RULES
 from workers.pruning.stream import PruningStopped
 from workers.simulation.masking import MaskedTrack, Masking, simulate_masked
@@ -26,6 +27,7 @@ from workers.simulation.projection import (
 )
 from workers.simulation.streams import WindowScores, batches_holding, fork, score_windows, sequences
 from workers.simulation.tracks import ANCHOR, SIMULATED, ProgressCallback, StopCheck, Track
+from workers.simulation.whole_models import MaskedModel, ProjectedModel, SimulatedModel
 from workers.slicing.engine import SlicingStopped, resolve_slice_head
 from workers.slicing.fusion import hidden_width
 from workers.slicing.stock import check_stock_family
@@ -56,6 +58,7 @@ class SimulationReport:
     calibration_tokens: int
     points: list[SimulatedPoint] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    models: list[SimulatedModel] = field(default_factory=list)  # `keep_models`: the face values, whole
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class SimulationOptions:
     slice_head: bool | None = None  # slicing: project the last block output too (None: the family's default)
     calibration_batch_size: int = 8  # calibration windows per block call
     eval_batch_size: int = 1  # evaluation windows per block call
+    keep_models: bool = False  # keep each face value's bases or statistics as a whole model (tasks)
 
 
 @torch.no_grad()
@@ -151,6 +155,12 @@ def simulate_curve(
             progress,
             should_stop,
         )
+        if options.keep_models:
+            report.models += [
+                ProjectedModel(track.sparsity, adapter, track.width, track.kept_bases)
+                for track in tracks
+                if isinstance(track, ProjectedTrack) and track.kept_bases is not None
+            ]
     else:
         tracks = _simulate_masks(
             model,
@@ -165,6 +175,7 @@ def simulate_curve(
             home,
             progress,
             should_stop,
+            report if options.keep_models else None,
         )
     passes_done = time.perf_counter()
     report.timings["passes"] = passes_done - started - report.timings["capture"]
@@ -224,7 +235,12 @@ def _simulate_slicing(
             )
     tracks = [
         ProjectedTrack(
-            s, role, fork(evaluation), width=sliced_width(full, s, options.round_to), source=source
+            s,
+            role,
+            fork(evaluation),
+            width=sliced_width(full, s, options.round_to),
+            source=source,
+            kept_bases=[] if options.keep_models and role == SIMULATED else None,
         )
         for s, role, source in sources
     ]
@@ -274,7 +290,9 @@ def _simulate_masks(
     home: torch.device,
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
+    report: SimulationReport | None,
 ) -> list[Track]:
+    """The mask methods' tracks run; with `report`, each face value kept in it as a whole model."""
     own = LINEAR_RULES[method]
     face = own if simulation is Simulation.own_mask else LINEAR_RULES[PROXY_MASK_METHOD]
     tracks = [MaskedTrack(sparsity, SIMULATED, fork(evaluation)) for sparsity in sparsities]
@@ -284,8 +302,11 @@ def _simulate_masks(
     evaluation.clear()
     dense = calibration if face.statistic is not None else []
     masking = Masking(adapter=adapter, face=face, own=own, compute=compute, home=home)
-    simulate_masked(model, masking, dense, tracks, progress, should_stop)
+    kept: list[dict[str, InputStatistic] | None] | None = None if report is None else []
+    simulate_masked(model, masking, dense, tracks, progress, should_stop, kept)
     calibration.clear()
+    if report is not None and kept is not None:
+        report.models += [MaskedModel(s, adapter, face, kept, compute) for s in sparsities]
     return list(tracks)
 
 

@@ -34,6 +34,7 @@ from workers.pruning.rules import LinearRule
 from workers.pruning.sequential import input_statistics
 from workers.pruning.stream import run_block, walk_blocks
 from workers.simulation.tracks import ProgressCallback, StopCheck, Track
+from workers.simulation.whole_models import restore_weights
 
 
 @dataclass
@@ -62,9 +63,11 @@ def simulate_masked(
     tracks: list[MaskedTrack],
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
+    kept_statistics: list[dict[str, InputStatistic] | None] | None = None,
 ) -> None:
     """Run every track through the blocks with its masks (module docstring); `dense_calibration` (empty
-    for data-free rules) feeds the face rule's statistics and ends at the last block's output."""
+    for data-free rules) feeds the face rule's statistics and ends at the last block's output. With
+    `kept_statistics`, each block's face statistics are appended to it (None for data-free rules)."""
     blocks = masking.adapter.blocks(model)
     for index, block in walk_blocks(
         blocks, compute=masking.compute, home=masking.home, progress=progress, should_stop=should_stop
@@ -74,6 +77,8 @@ def simulate_masked(
         dense = (
             _recorded_pass(masking, linears, dense_calibration, index, block) if dense_calibration else None
         )
+        if kept_statistics is not None:
+            kept_statistics.append(dense)
         for track in tracks:
             rule, statistics = masking.face, dense
             if track.calibration is not None:  # the method itself on its own pruned stream
@@ -88,7 +93,7 @@ def simulate_masked(
                 )
             for batch in track.batches + (track.calibration or []):
                 batch.hidden = run_block(block, index, batch, masking.compute).to(masking.home)
-            _restore(linears, originals)
+            restore_weights(linears, originals)
     dense_calibration.clear()
     for track in tracks:
         if track.calibration is not None:
@@ -109,8 +114,3 @@ def _recorded_pass(
             recorder.start(batch.keep)
             batch.hidden = run_block(block, index, batch, masking.compute).to(masking.home)
     return recorder.statistics(index)
-
-
-def _restore(linears: list[tuple[str, nn.Module]], originals: list[torch.Tensor]) -> None:
-    for (_, module), original in zip(linears, originals, strict=True):
-        weight_out_in(module).copy_(original)

@@ -65,6 +65,7 @@ class ProjectedTrack(Track):
 
     width: int = 0
     source: BasisStream | None = None  # None: the shared stock basis
+    kept_bases: list[torch.Tensor | None] | None = None  # set: each signal's basis is kept here (tasks)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,8 @@ def _signal(
         _advance_stream(projection, stream, advance, measure=projected)
     for track in tracks:
         basis = projection.shared if track.source is None else track.source.basis
+        if track.kept_bases is not None:
+            track.kept_bases.append(_kept(basis, projection.home) if projected else None)
         for batch in track.batches:
             signal = advance(batch)  # (B, T, D)
             if projected:
@@ -214,6 +217,13 @@ def _advance_stream(projection: Projection, stream: BasisStream, advance: Advanc
         for batch in stream.batches:
             kept = project(batch.hidden.to(projection.compute), stream.basis, stream.width)
             batch.hidden = kept.to(projection.home)
+
+
+def _kept(basis: torch.Tensor | None, home: torch.device) -> torch.Tensor:
+    """A signal's basis as a whole-model simulation keeps it: float32 where the model lives (the
+    projection itself runs in the signal's dtype either way)."""
+    assert basis is not None
+    return basis.to(device=home, dtype=torch.float32)
 
 
 def _centre(x: torch.Tensor) -> torch.Tensor:
