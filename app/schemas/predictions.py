@@ -244,7 +244,8 @@ class EstimatePublic(BaseModel):
     rung: str = Field(description="`measured`, `simulated`, `profile`, `law`, or `strict` (reference).")
     value: float | None = Field(description="null: this rung cannot answer here (`why_not`).")
     band: list[float | None] | None = Field(
-        description="[low, high] at `level`, log-normal and never below PPL0 (null: no error model)."
+        description="[low, high] at `level`: for perplexity log-normal and never below PPL0; for an "
+        "accuracy within [0, 1] (null: no error model)."
     )
     predictor: str
     source: str = Field(description="What it rests on: a job, a profile, fitted points, pooled models.")
@@ -260,8 +261,8 @@ class PredictedPublic(BaseModel):
     sparsity: float
     value: float | None = Field(description="null when no rung can answer (see `alternatives`' why_not).")
     band: list[float | None] | None = Field(
-        description="[low, high] at `level`: log-normal, never below the dense perplexity; null when the "
-        "answer has no error model."
+        description="[low, high] at `level`: for perplexity log-normal, never below the dense perplexity; "
+        "for an accuracy within [0, 1]; null when the answer has no error model."
     )
     level: float
     rung: str | None = Field(None, description="Where `value` came from; null: no rung can answer.")

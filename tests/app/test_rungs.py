@@ -13,6 +13,7 @@ from app.services.prediction.law_values import calibrate
 from app.services.prediction.rungs import Evidence, law, simulated
 from app.services.prediction.series import caller_series
 from app.services.prediction.simulated import SimulatedCurves
+from app.services.prediction.simulated_scores import SimulatedScores
 from core.prediction.backtests import CALIBRATED, ONE_POINT, Curve, backtest
 from core.prediction.rungs import Rung
 
@@ -87,3 +88,39 @@ def test_a_measured_point_at_a_simulated_sparsity_anchors_the_simulated_curve() 
     scale = math.log(120.0 / DENSE) / math.log(100.0 / DENSE)  # one anchor: c constant
     assert at_40.value == pytest.approx(DENSE * (400.0 / DENSE) ** scale)
     assert "anchored_on_measured" in at_40.flags
+
+
+ARC_DENSE = 0.60
+
+
+def task_evidence(points: list[tuple[float, float, float | None]], *, exact: bool = False) -> Evidence:
+    series = caller_series("m", "wanda", "acc", "arc_easy", "arc_easy", [(0.0, ARC_DENSE, 4, 0.25)])
+    scores = SimulatedScores("job", tuple(points), exact, "task scores simulated by job")
+    return Evidence(series, 0.95, None, simulated_scores=scores)
+
+
+def test_the_simulated_task_score_answers_with_its_sampling_band_and_says_it_is_unscored() -> None:
+    evidence = task_evidence([(0.2, 0.55, 0.02), (0.4, 0.45, 0.03)])
+    at_20 = simulated(evidence, 0.2)
+    assert at_20.rung == Rung.SIMULATED and at_20.value == pytest.approx(0.55)
+    assert at_20.band == pytest.approx((0.55 - 1.959964 * 0.02, 0.55 + 1.959964 * 0.02), abs=1e-6)
+    assert "band_sampling_only" in at_20.flags and at_20.verdict.level == "unscored"
+    at_30 = simulated(evidence, 0.3)  # linear in s, the wider of the two errors
+    assert at_30.value == pytest.approx(0.50) and "interpolated" in at_30.flags
+    assert at_30.band == pytest.approx((0.50 - 1.959964 * 0.03, 0.50 + 1.959964 * 0.03), abs=1e-6)
+    at_10 = simulated(evidence, 0.1)  # from the dense score
+    assert at_10.value == pytest.approx((ARC_DENSE + 0.55) / 2)
+    beyond = simulated(evidence, 0.5)
+    assert beyond.value is None and beyond.why_not is not None and "0.4" in beyond.why_not
+
+
+def test_an_exact_simulated_task_score_says_so_and_its_band_stays_within_zero_and_one() -> None:
+    estimate = simulated(task_evidence([(0.1, 0.99, 0.02)], exact=True), 0.1)
+    assert estimate.verdict.level == "exact" and estimate.band is not None
+    assert estimate.band[1] == 1.0 and estimate.band[0] == pytest.approx(0.99 - 1.959964 * 0.02, abs=1e-6)
+
+
+def test_without_a_simulated_task_score_the_rung_names_the_job() -> None:
+    series = caller_series("m", "wanda", "acc", "arc_easy", "arc_easy", [(0.0, ARC_DENSE, 4, 0.25)])
+    estimate = simulated(Evidence(series, 0.95, None), 0.2)
+    assert estimate.value is None and estimate.why_not is not None and "accuracy" in estimate.why_not

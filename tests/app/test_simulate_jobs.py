@@ -147,6 +147,20 @@ def test_a_magnitude_simulation_scores_tasks_as_its_pruned_model_does(
         assert simulation["role"] == "simulated" and simulation["exact"] is True
         if row["metric"] == "acc":
             assert row["protocol"]["dense_value"] == dense[0]["value"]
+    # Before any prune, an accuracy question is answered by the simulated rung, exact for magnitude.
+    question = {
+        "model": model,
+        "method": "magnitude",
+        "sparsities": [0.3, 0.45],
+        "metrics": [{"metric": "acc", "task": "arc_easy"}],
+        "protocol": {"seqlen": 64, "max_windows": 3},
+    }
+    answered = api.post("/v1/predictions", json=question)
+    assert answered.status_code == 200, answered.text
+    at_30, at_45 = answered.json()["metrics"][0]["predictions"]
+    assert at_30["rung"] == "simulated" and at_30["value"] == scores[(0.3, "arc_easy", "acc")]["value"]
+    assert at_30["verdict"]["level"] == "exact" and 0.0 <= at_30["band"][0] <= at_30["band"][1] <= 1.0
+    assert at_45["rung"] == "simulated" and "interpolated" in at_45["flags"]
     for sparsity in (0.3, 0.6):
         prune = prune_body(model, sparsity, method="magnitude", accuracy=TASK_ACCURACY, perplexity=PERPLEXITY)
         pruned_job = api.post("/v1/jobs", json=prune).json()

@@ -54,6 +54,7 @@ from app.services.prediction.series import (
     pooled_accuracy_prior,
 )
 from app.services.prediction.simulated import ProtocolKey, newest_simulation, simulation_records
+from app.services.prediction.simulated_scores import newest_simulated_scores
 from app.services.prediction.store_state import StateCache, StoreState, awaited_store_state, store_state
 from core.methods import simulated_methods, stored_method_entry
 from core.model_sources import ModelSourceError, resolve_model
@@ -159,10 +160,17 @@ def _evidence(
     calibration: Calibration | None,
     model_ids: list[str],
 ) -> Evidence:
-    """What the rungs of one metric read (`app.services.prediction.rungs.Evidence`): accuracy has the measured
-    and law rungs only."""
+    """What the rungs of one metric read (`app.services.prediction.rungs.Evidence`): accuracy has the
+    measured, simulated (task scores compared with the series' stored dense score) and law rungs."""
     if series.metric != PPL:
-        return Evidence(series, body.level, calibration)
+        dense_id = None if series.dense is None else series.dense.result_id
+        if series.task is None or dense_id is None:
+            return Evidence(series, body.level, calibration)
+        with services.store.session() as session:  # it reads only where a cache misses
+            task_scores = newest_simulated_scores(
+                session, series.model, series.method, series.task, series.metric, dense_id, state
+            )
+        return Evidence(series, body.level, calibration, simulated_scores=task_scores)
     assert series.dense is not None
     if series.source == "store":
         protocol: ProtocolKey = (series.seqlen, series.max_windows, series.dtype)

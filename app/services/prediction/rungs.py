@@ -10,11 +10,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from statistics import NormalDist
 
 from app.services.prediction.law_values import predict
 from app.services.prediction.profile_rung import BeforePruning
 from app.services.prediction.series import PPL, Series, finite
 from app.services.prediction.simulated import ANCHORED, FACE, SimulatedCurves
+from app.services.prediction.simulated_scores import SimulatedScores
 from core.methods import stored_method_entry
 from core.prediction import priors
 from core.prediction.anchoring import Anchor, fit_scale
@@ -52,6 +54,7 @@ class Evidence:
     simulation: SimulatedCurves | None = None
     simulation_records: dict[str, Score] | None = None
     before: BeforePruning | None = None
+    simulated_scores: SimulatedScores | None = None  # accuracy: the simulation's task scores
 
     @property
     def ppl0(self) -> float:
@@ -69,9 +72,9 @@ class Evidence:
 
 def estimates(evidence: Evidence, s: float) -> list[Estimate]:
     """Every rung's estimate at `s`, best first; the strict law last, for perplexity of slicing."""
-    out = [measured(evidence, s)]
+    out = [measured(evidence, s), simulated(evidence, s)]
     if evidence.series.metric == PPL:
-        out += [simulated(evidence, s), profile(evidence, s)]
+        out.append(profile(evidence, s))
     out.append(law(evidence, s))
     if evidence.series.metric == PPL and _strict_applies(evidence.series.method):
         out.append(strict(evidence, s))
@@ -99,7 +102,9 @@ def measured(evidence: Evidence, s: float) -> Estimate:
 def simulated(evidence: Evidence, s: float) -> Estimate:
     """The newest simulation's curve at s: anchored through the job's anchors when it ran them, else
     through the series' measured points at simulated sparsities, else its face value; between two
-    simulated sparsities, interpolated in ln PPL."""
+    simulated sparsities, interpolated in ln PPL. Accuracy: the simulation's task scores."""
+    if evidence.series.metric != PPL:
+        return _simulated_score(evidence, s)
     simulation = evidence.simulation
     if simulation is None:
         return _cannot(
@@ -181,6 +186,62 @@ def _interpolated(
             value = math.exp((1 - w) * math.log(va) + w * math.log(vb))
             sd = combined_sd(None if sa is None else (1 - w) * sa, None if sb is None else w * sb)
             return value, sd, True
+    return None
+
+
+def _simulated_score(evidence: Evidence, s: float) -> Estimate:
+    """A task score of the newest simulation compared with the series' dense score: at a simulated
+    sparsity its value, between two (the dense score counting as s = 0) linear in s; the band is the
+    task's sampling error alone (normal, within [0, 1]), since no record yet says how far a simulated
+    score falls from a measured one, except where the simulated model is the pruned model itself."""
+    scores = evidence.simulated_scores
+    if scores is None:
+        return _cannot(
+            Rung.SIMULATED,
+            s,
+            "no simulation scored this task against this dense score: a `simulate` job with `accuracy`",
+        )
+    assert evidence.series.dense is not None
+    known = [(0.0, evidence.series.dense.value, None), *((a, v, e) for a, v, e in scores.points if a > 0)]
+    point = _between(known, s)
+    if point is None:
+        largest = max(a for a, _, _ in known)
+        return _cannot(Rung.SIMULATED, s, f"beyond the simulated sparsities (largest {largest:g})")
+    value, stderr, between = point
+    band = None
+    if stderr is not None:
+        half = NormalDist().inv_cdf(0.5 + evidence.level / 2) * stderr
+        band = (max(0.0, value - half), min(1.0, value + half))
+    flags = ("band_sampling_only", *(("interpolated",) if between else ()))
+    if scores.exact:
+        what = Verdict(
+            "exact",
+            "exact by construction: the simulated model is the pruned model itself (its masks or bases); "
+            "the band is the task's sampling error",
+        )
+    else:
+        what = Verdict(
+            "unscored",
+            "no record yet of simulated task scores against measured ones (the perplexity record does not "
+            "carry over): measure one pruned point to check",
+        )
+    return Estimate(Rung.SIMULATED, s, value, band, f"{FACE} (task)", scores.describe, what, flags=flags)
+
+
+def _between(
+    known: list[tuple[float, float, float | None]], s: float
+) -> tuple[float, float | None, bool] | None:
+    """(value, stderr, interpolated) at s from (sparsity, value, stderr) points sorted by sparsity,
+    linear in s between two; None outside them."""
+    for at, value, stderr in known:
+        if abs(at - s) <= SAME_SPARSITY:
+            return value, stderr, False
+    for (a, va, ea), (b, vb, eb) in pairwise(known):
+        if a < s < b:
+            w = (s - a) / (b - a)
+            errors = [e for e, weight in ((ea, 1 - w), (eb, w)) if e is not None and weight > 0]
+            stderr = max(errors) if errors else None
+            return (1 - w) * va + w * vb, stderr, True
     return None
 
 
