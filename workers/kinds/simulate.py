@@ -269,28 +269,25 @@ def _score_tasks(
 ) -> list[tuple[SimulatedModel, list[ScoredTask]]]:
     """Each simulated sparsity's whole model scored on the job's tasks, one after the other."""
     tasks = [plan.name for plan in prepared.accuracy_plans]
-    model, scored = prepared.loaded.model, []
+    model = prepared.loaded.model
+    scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
     for position, simulated in enumerate(report.models):
         low = stage_progress(start, 1.0, position, len(report.models))
         high = stage_progress(start, 1.0, position + 1, len(report.models))
         prefix = f"s={simulated.sparsity:g} ({position + 1}/{len(report.models)}): "
         with simulated.applied(model):
-            scored.append(
-                (
-                    simulated,
-                    measure_accuracy(
-                        context,
-                        model,
-                        prepared.loaded.tokenizer,
-                        accuracy,
-                        tasks,
-                        stage="accuracy",
-                        start=low,
-                        end=high,
-                        detail_prefix=prefix,
-                    ),
-                )
+            found = measure_accuracy(
+                context,
+                model,
+                prepared.loaded.tokenizer,
+                accuracy,
+                tasks,
+                stage="accuracy",
+                start=low,
+                end=high,
+                detail_prefix=prefix,
             )
+        scored.append((simulated, found))
     return scored
 
 
