@@ -219,9 +219,28 @@ def pruned_accuracy_results(
     *,
     extra_protocol: dict[str, Any] | None = None,
 ) -> list[Result]:
-    """The rows of a pruned model's accuracy: per task and metric (`accuracy_results`), each
-    with the dense result it compares with, the calibration record, the model's shape and the
-    artifact, then `extra_protocol`."""
+    """The rows of a pruned model's accuracy (`compared_accuracy_results`), with the model's shape
+    and the artifact, then `extra_protocol`."""
+    extra = {
+        **pruner_for(spec.method).shape(outcome.report),
+        "param_fraction_removed": outcome.report.param_fraction_removed,
+        "artifact": outcome.artifact_path,
+        **(extra_protocol or {}),
+    }
+    return compared_accuracy_results(prepared, spec, scored, sparsity=outcome.sparsity, extra=extra)
+
+
+def compared_accuracy_results(
+    prepared: Prepared,
+    spec: PruningJob | SimulateJobCreate,
+    scored: list[ScoredTask],
+    *,
+    sparsity: float,
+    extra: dict[str, Any],
+    source_kind: str = "measured",
+) -> list[Result]:
+    """Per task and metric (`accuracy_results`) at `sparsity`: each row beside the dense result it
+    compares with and the calibration record, then `extra`."""
     rows = []
     for measured in scored:
         dense = prepared.dense_accuracy[measured.task]
@@ -232,10 +251,7 @@ def pruned_accuracy_results(
                 "dense_value": row.value,
                 "dense_reused": dense.reused,
                 "calibration": prepared.calibration_record,
-                **pruner_for(spec.method).shape(outcome.report),
-                "param_fraction_removed": outcome.report.param_fraction_removed,
-                "artifact": outcome.artifact_path,
-                **(extra_protocol or {}),
+                **extra,
             }
             for metric, row in dense.results.items()
         }
@@ -244,9 +260,10 @@ def pruned_accuracy_results(
             source=prepared.source,
             loaded=prepared.loaded,
             method=stored_method(spec),
-            sparsity=outcome.sparsity,
+            sparsity=sparsity,
             seed=spec.seed,
             environment=prepared.environment,
             extra_protocol=per_metric,
+            source_kind=source_kind,
         )
     return rows

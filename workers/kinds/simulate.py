@@ -39,7 +39,7 @@ from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
 from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare
-from workers.kinds.rows import accuracy_results, perplexity_protocol, stored_method
+from workers.kinds.rows import compared_accuracy_results, perplexity_protocol, stored_method
 from workers.kinds.steps import stage_progress, step_reporter
 from workers.offload import suspended
 from workers.simulation import (
@@ -302,30 +302,14 @@ def simulated_accuracy_results(
     for simulated, tasks in scored:
         width = simulated.width if isinstance(simulated, ProjectedModel) else None
         record = _simulation_record(spec, report, SIMULATED, width)
-        for measured in tasks:
-            dense = prepared.dense_accuracy[measured.task]
-            per_metric = {
-                metric: {
-                    "method": spec.method,
-                    "dense_result_id": row.id,
-                    "dense_value": row.value,
-                    "dense_reused": dense.reused,
-                    "calibration": prepared.calibration_record,
-                    "simulation": record,
-                }
-                for metric, row in dense.results.items()
-            }
-            rows += accuracy_results(
-                measured,
-                source=prepared.source,
-                loaded=prepared.loaded,
-                method=stored_method(spec),
-                sparsity=simulated.sparsity,
-                seed=spec.seed,
-                environment=prepared.environment,
-                extra_protocol=per_metric,
-                source_kind=SIMULATED_SOURCE,
-            )
+        rows += compared_accuracy_results(
+            prepared,
+            spec,
+            tasks,
+            sparsity=simulated.sparsity,
+            extra={"simulation": record},
+            source_kind=SIMULATED_SOURCE,
+        )
     return rows
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.schemas.predictions import CurvePointPublic
@@ -64,6 +64,25 @@ def newest_simulation(
     return _newest.get(key, lambda: _newest_simulation(session, model, method, dataset, protocol, any_unset))
 
 
+def simulated_rows(model: str, method: str, metric: str, dataset: str) -> Select[Result]:
+    """The newest `MAX_ROWS` simulated rows of succeeded jobs of one model, method, metric and dataset
+    (a task's name for task scores), newest first."""
+    return (
+        select(Result)
+        .join(Job, Job.id == Result.job_id)
+        .where(
+            Result.model_id == model,
+            Result.method == method,
+            Result.metric == metric,
+            Result.dataset == dataset,
+            Result.source == SIMULATED_SOURCE,
+            Job.status == JobStatus.succeeded,
+        )
+        .order_by(Result.id.desc())
+        .limit(MAX_ROWS)
+    )
+
+
 def _matches(found: ProtocolKey, wanted: ProtocolKey, any_unset: bool) -> bool:
     if not any_unset:
         return found == wanted
@@ -78,20 +97,7 @@ def _matches(found: ProtocolKey, wanted: ProtocolKey, any_unset: bool) -> bool:
 def _newest_simulation(
     session: Session, model: str, method: str, dataset: str, protocol: ProtocolKey, any_unset: bool
 ) -> SimulatedCurves | None:
-    query = (
-        select(Result)
-        .join(Job, Job.id == Result.job_id)
-        .where(
-            Result.model_id == model,
-            Result.method == method,
-            Result.metric == "ppl",
-            Result.dataset == dataset,
-            Result.source == SIMULATED_SOURCE,
-            Job.status == JobStatus.succeeded,
-        )
-        .order_by(Result.id.desc())
-        .limit(MAX_ROWS)
-    )
+    query = simulated_rows(model, method, "ppl", dataset)
     rows = [row for row in session.scalars(query) if _matches(_protocol(row.protocol), protocol, any_unset)]
     if not rows:
         return None

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.services.prediction.simulated import simulated_rows
 from app.services.prediction.store_state import StateCache, StoreState, store_state
 from core.prediction.anchoring import SIMULATED_ROLE
-from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result
 
-MAX_ROWS = 2_000
 CACHE_SIZE = 256
 _newest = StateCache(CACHE_SIZE)
 
@@ -49,20 +47,7 @@ def newest_simulated_scores(
 def _newest_scores(
     session: Session, model: str, method: str, task: str, metric: str, dense_result_id: int
 ) -> SimulatedScores | None:
-    query = (
-        select(Result)
-        .join(Job, Job.id == Result.job_id)
-        .where(
-            Result.model_id == model,
-            Result.method == method,
-            Result.metric == metric,
-            Result.dataset == task,
-            Result.source == SIMULATED_SOURCE,
-            Job.status == JobStatus.succeeded,
-        )
-        .order_by(Result.id.desc())
-        .limit(MAX_ROWS)
-    )
+    query = simulated_rows(model, method, metric, task)
     rows = [
         row
         for row in session.scalars(query)
