@@ -78,14 +78,14 @@ class ProjectedModel:
         signals = iter(self.bases)
         entry = next(signals)
         wrappers: list[nn.Module] = []
+        bases: tuple[torch.Tensor | None, ...]
         for block, is_parallel in zip(originals, parallel, strict=True):
             if is_parallel:
-                wrappers.append(
-                    _ProjectedParallelBlock(block, self.adapter, self.width, entry, next(signals))
-                )
+                bases = (entry, next(signals))
+                wrappers.append(_projecting(_ProjectedParallelBlock(block, self.adapter), self.width, bases))
             else:
-                middle, out = next(signals), next(signals)
-                wrappers.append(_ProjectedBlock(block, self.adapter, self.width, entry, middle, out))
+                bases = (entry, next(signals), next(signals))
+                wrappers.append(_projecting(_ProjectedBlock(block, self.adapter), self.width, bases))
             entry = None  # only the first block's input is a signal of its own
         return wrappers
 
@@ -136,20 +136,11 @@ def restore_weights(linears: list[tuple[str, nn.Module]], originals: list[torch.
 
 
 class _ProjectedBlock(SkipConnectedBlock):
-    """A sequential block whose input (first block only), pre-MLP stream and output are projected."""
+    """A sequential block whose input (first block only), pre-MLP stream and output are projected;
+    `width` and `signal_bases` (entry, middle, out) are set by `_projecting`."""
 
-    def __init__(
-        self,
-        block: nn.Module,
-        adapter: FamilyAdapter,
-        width: int,
-        entry: torch.Tensor | None,
-        middle: torch.Tensor | None,
-        out: torch.Tensor | None,
-    ) -> None:
-        super().__init__(block, adapter)
-        self.width = width
-        self.signal_bases = (entry, middle, out)  # plain attributes: `project` moves them per call
+    width: int
+    signal_bases: tuple[torch.Tensor | None, ...]  # plain attributes: `project` moves them per call
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         call = self.call_arguments(hidden_states, args, kwargs)
@@ -160,25 +151,26 @@ class _ProjectedBlock(SkipConnectedBlock):
 
 
 class _ProjectedParallelBlock(ParallelSkipConnectedBlock):
-    """A parallel-residual block whose input (first block only) and output are projected."""
+    """A parallel-residual block whose input (first block only) and output are projected;
+    `signal_bases` is (entry, out)."""
 
-    def __init__(
-        self,
-        block: nn.Module,
-        adapter: FamilyAdapter,
-        width: int,
-        entry: torch.Tensor | None,
-        out: torch.Tensor | None,
-    ) -> None:
-        super().__init__(block, adapter)
-        self.width = width
-        self.signal_bases = (entry, out)
+    width: int
+    signal_bases: tuple[torch.Tensor | None, ...]
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         call = self.call_arguments(hidden_states, args, kwargs)
         entry, out = self.signal_bases
         hidden = _projected(hidden_states, entry, self.width)
         return _projected(hidden + self.branches_output(hidden, call), out, self.width)
+
+
+def _projecting(
+    wrapper: _ProjectedBlock | _ProjectedParallelBlock, width: int, bases: tuple[torch.Tensor | None, ...]
+) -> nn.Module:
+    """`wrapper` projecting on `bases` (its signals' in order) at `width`."""
+    wrapper.width = width
+    wrapper.signal_bases = bases
+    return wrapper
 
 
 def _projected(hidden: torch.Tensor, basis: torch.Tensor | None, width: int) -> torch.Tensor:
