@@ -82,14 +82,21 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
+def embedded_store(args: argparse.Namespace) -> Settings:
+    """The settings of an embedded install in `args.home`, its store migrated, torch on `args.threads`
+    (what this bench and profile_records.py start from)."""
     torch.set_num_threads(args.threads)
     args.home.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         home=args.home, cache_dir=args.cache_dir, data_dir=args.data_dir, log_format="console"
     )
     upgrade(settings.store_url)
+    return settings
+
+
+def main() -> None:
+    args = parse_args()
+    settings = embedded_store(args)
     report: dict[str, Any] = {
         "request": question(args),
         "load_average_start": list(os.getloadavg()),

@@ -41,18 +41,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-import torch  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
-from first_contact import checkpoint, run  # noqa: E402
+from first_contact import checkpoint, embedded_store, run  # noqa: E402
 from law_records import CURVES  # noqa: E402
 
 from app.main import create_app  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
 from core.prediction import records  # noqa: E402
 from core.prediction.backtests import ONE_POINT, ZERO_CURVE, ZERO_MODEL, feature_predictor  # noqa: E402
 from core.prediction.fits import MeasuredPoint, ppl_fit  # noqa: E402
 from core.prediction.registry import PROFILE_PREDICTORS  # noqa: E402
-from core.settings import Settings  # noqa: E402
 from core.store import Store  # noqa: E402
 
 CALIBRATION = {"corpus": "boolq-passages", "num_sequences": 128, "seqlen": 512, "seed": 42}
@@ -80,12 +77,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
-    args.home.mkdir(parents=True, exist_ok=True)
-    settings = Settings(
-        home=args.home, cache_dir=args.cache_dir, data_dir=args.data_dir, log_format="console"
-    )
-    upgrade(settings.store_url)
+    settings = embedded_store(args)
     report: dict[str, Any] = {"load_average_start": list(os.getloadavg()), "profiles": {}}
     if args.records_only:
         report["profiles"] = json.loads(args.out.read_text())["profiles"]
