@@ -189,10 +189,13 @@ def _signal(
     projected = projection.slice_head or not last
     for stream in streams:
         _advance_stream(projection, stream, advance, measure=projected)
+    kept: dict[int, torch.Tensor] = {}  # one copy per basis: dense and stock bases serve every track
     for track in tracks:
         basis = projection.shared if track.source is None else track.source.basis
         if track.kept_bases is not None:
-            track.kept_bases.append(_kept(basis, projection.home) if projected else None)
+            if projected and id(basis) not in kept:
+                kept[id(basis)] = _kept(basis, projection.home)
+            track.kept_bases.append(kept[id(basis)] if projected else None)
         for batch in track.batches:
             signal = advance(batch)  # (B, T, D)
             if projected:
