@@ -255,7 +255,29 @@ def _predict_body(args: argparse.Namespace) -> dict[str, Any]:
         body["protocol"] = {key: value for key, value in protocol.items() if value is not None}
     if args.points:
         body["points"] = json.loads(Path(args.points).read_text())
-    return body | _answer_options(args)
+    return body | _queued_job_options(args) | _answer_options(args)
+
+
+def _queued_job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--calibration and --precision: what the jobs --measure-missing queues draw and score to."""
+    options: dict[str, Any] = {}
+    if args.calibration is not None:
+        options["calibration"] = _json_object(args.calibration, "--calibration")
+    if args.precision is not None:
+        options["precision"] = None if args.precision == "all" else float(args.precision)
+    return options
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    """A flag's JSON object, inline or from a file (`@path`); ValueError saying which flag."""
+    source = Path(text[1:]).read_text() if text.startswith("@") else text
+    try:
+        value = json.loads(source)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag} takes a JSON object (or @file): {error}") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} takes a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _answer_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -462,6 +484,18 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--seqlen", type=int, default=None, help="perplexity protocol: window length")
     predict.add_argument("--max-windows", default=None, help="perplexity protocol: a number or `all`")
     predict.add_argument("--points", default=None, help="JSON file with your measured points")
+    predict.add_argument(
+        "--calibration",
+        default=None,
+        help='the calibration the prune will use, JSON or @file: {"corpus", "num_sequences", "seqlen", '
+        '"seed"}; picks the profile, and the calibration --measure-missing jobs draw',
+    )
+    predict.add_argument(
+        "--precision",
+        default=None,
+        help="relative 95%% band half width the queued simulation scores to (default 0.02; `all`: every "
+        "window)",
+    )
     predict.add_argument("--json", action="store_true", help="print the response (and gates) as JSON")
     predict.add_argument(
         "--rung",

@@ -14,6 +14,7 @@ from app.schemas.jobs import JobPublic
 from app.schemas.profiles import BeforePruningPublic
 from app.schemas.records import VERDICT_LEVELS, VerdictPublic
 from core.methods import DEFAULT_METHOD
+from core.prediction.paired_windows import DEFAULT_PRECISION
 from core.specs.common import StrictModel
 from core.specs.pruning import StoredMethod
 
@@ -156,6 +157,14 @@ class PredictionCreate(StrictModel):
         description="Where each answer comes from: `best` (the first rung that can answer, in the order "
         "measured, simulated, profile, law), or one rung by name; `strict` answers with the strict law "
         "PPL0 ** (1 / (1 - s)), which is otherwise shown for reference only.",
+    )
+    precision: float | None = Field(
+        DEFAULT_PRECISION,
+        gt=0.0,
+        lt=1.0,
+        description="The `simulate` job `measure_missing` queues scores each sparsity on windows paired "
+        "with the dense model's until the 95 % band on PPL is within this relative half width (null: "
+        "every window). Dense baselines are always measured on every window.",
     )
     measure_missing: bool = Field(
         False,

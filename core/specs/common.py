@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.prediction.paired_windows import DEFAULT_PRECISION
 from core.text import invalid_strings
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -30,6 +31,14 @@ class StrictModel(BaseModel):
         return data
 
 
+PRECISION_DESCRIPTION = (
+    "Stop scoring windows when the 95 % band on PPL is within this relative half width (0.02: ±2 %): "
+    "windows are added in a seeded order, a few at a time, and a pruned or simulated model is paired "
+    "with the dense model's own per-window NLL, so the band covers the full-window value "
+    "(docs/science.md §4). null: every window (the full-window value itself)."
+)
+
+
 class PerplexitySpec(StrictModel):
     """Token perplexity on a test split, non-overlapping windows (docs/science.md §4)."""
 
@@ -41,6 +50,25 @@ class PerplexitySpec(StrictModel):
         None, ge=1, le=100_000, description="Score only the first N windows (cheap runs); null = all."
     )
     batch_size: int = Field(1, ge=1, le=64, description="Windows per forward pass.")
+    precision: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description=PRECISION_DESCRIPTION + " Measured jobs default to null: a CI gate compares "
+        "full-window numbers unless it asks for a band.",
+    )
+
+
+class SimulatedPerplexitySpec(PerplexitySpec):
+    """A simulation's windows: the same protocol, scored to the default precision unless asked."""
+
+    precision: float | None = Field(
+        DEFAULT_PRECISION,
+        gt=0.0,
+        lt=1.0,
+        description=PRECISION_DESCRIPTION
+        + f" Simulations default to {DEFAULT_PRECISION:g}: the cheap answer.",
+    )
 
 
 class ModelSpec(StrictModel):

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from core.methods import METHODS, STOCK_LAYOUT, UNSTRUCTURED, Simulation, simulated_methods
-from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, PerplexitySpec
+from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, SimulatedPerplexitySpec
 from core.specs.pruning import LAYOUT_DESCRIPTION, ROUND_TO_DESCRIPTION, SLICE_HEAD_DESCRIPTION, SlicedLayout
 
 SimulatedMethod = Literal["slicegpt", "magnitude", "magnitude-row", "wanda", "sparsegpt"]
@@ -83,11 +83,14 @@ class SimulateJobCreate(ModelSpec):
         default_factory=CalibrationSpec,
         description="The calibration a prune of the same request would draw (unused by `magnitude`).",
     )
-    perplexity: PerplexitySpec = Field(
-        default_factory=PerplexitySpec,
-        description="The evaluation windows every sparsity is scored on; the dense baseline is reused from "
-        "an earlier job when model, data and this protocol match. `max_windows` below the full split "
-        "scores a subset: each point then carries a sampling band for the full-split value.",
+    perplexity: SimulatedPerplexitySpec = Field(
+        default_factory=SimulatedPerplexitySpec,
+        description="The evaluation windows every sparsity is scored on; the dense baseline (with its "
+        "per-window NLL) is reused from an earlier job when model, data and this protocol match. With "
+        "`precision` (default 0.02) each sparsity is scored on a seeded subset of the windows paired "
+        "with the dense model's and carries a band for the full-window value; null scores every window. "
+        "`max_windows` below the full split with precision null carries a sampling band for the "
+        "full-split value.",
     )
 
     accuracy: AccuracySpec | None = Field(

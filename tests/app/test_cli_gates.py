@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
+from app.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, _predict_body, build_parser, main
 from core.settings import Settings
 from core.store import Store
 from tests.app.live_server import live_server
@@ -120,3 +120,15 @@ def test_usage_errors_exit_3_not_argparses_2(capsys: pytest.CaptureFixture[str])
             main(argv)
         assert exit_info.value.code == EXIT_USAGE, argv
     assert "--model" in capsys.readouterr().err
+
+
+def test_predict_passes_the_calibration_and_precision_the_queued_job_is_to_use(tmp_path: Path) -> None:
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"corpus": "c4", "num_sequences": 16}))
+    argv = ["predict", "--model", OPT, "--sparsity", "0.3", "--measure-missing", "--precision", "0.05"]
+    body = _predict_body(build_parser().parse_args([*argv, "--calibration", f"@{calibration}"]))
+    assert body["calibration"] == {"corpus": "c4", "num_sequences": 16} and body["precision"] == 0.05
+    every = _predict_body(build_parser().parse_args([*argv[:-1], "all", "--calibration", '{"seed": 3}']))
+    assert every["precision"] is None and every["calibration"] == {"seed": 3}
+    with pytest.raises(ValueError, match="--calibration takes a JSON object"):
+        _predict_body(build_parser().parse_args([*argv, "--calibration", "[1, 2]"]))

@@ -39,6 +39,7 @@ def test_measure_missing_queues_one_simulation_then_the_answer_comes_from_it(
     assert job["kind"] == "simulate" and job["request"]["sparsities"] == [0.25, 0.4, 0.5]
     request = job["request"]
     assert request["perplexity"]["max_windows"] == 2 and request["calibration"]["num_sequences"] == 4
+    assert request["perplexity"]["precision"] == 0.02  # the cheap answer, unless the caller says
     assert wait_done(api, job["id"], worker)["status"] == "succeeded"
 
     again = ask(api, model)
@@ -53,6 +54,7 @@ def test_measure_missing_queues_one_simulation_then_the_answer_comes_from_it(
         verdict = predicted["verdict"]  # no measured curve: the bench's record, named as such
         assert verdict["level"] in {"reliable", "rough"} and "bench record" in verdict["advice"]
         rungs = {a["rung"]: a for a in predicted["alternatives"]}
+        assert "of 2 windows" in rungs["simulated"]["source"]  # which windows the value rests on
         assert rungs["law"]["value"] is None and "no pruned point" in rungs["law"]["why_not"]
         assert rungs["measured"]["why_not"] and rungs["strict"]["value"] is not None
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from core.prediction.paired_windows import WindowEstimate
+
 
 class EvaluationStopped(Exception):
     """`should_stop` asked to end the evaluation early (job cancelled or lease lost)."""
@@ -32,6 +34,8 @@ class PerplexityResult:
     seqlen: int
     max_windows: int | None  # the cap asked for; None means every full window
     elapsed_s: float
+    window_nll: tuple[float, ...] = ()  # each scored window's mean NLL, in the order scored
+    sampling: WindowEstimate | None = None  # scored on part of the windows: how, and the band
 
 
 def effective_seqlen(model: torch.nn.Module, requested: int) -> int:
@@ -84,10 +88,38 @@ def perplexity(
         raise ValueError(f"max_windows must be at least 1 or None, got {max_windows}")
     windows = evaluation_windows(token_ids, seqlen, max_windows)  # (W, T)
     total = windows.shape[0]
-    device = next(model.parameters()).device
-
     started = time.perf_counter()
+    sums = window_nll_sums(model, windows, batch_size=batch_size, progress=progress, should_stop=should_stop)
     nll_sum = torch.zeros((), dtype=torch.float64)
+    for window_sum in sums:  # in window order, as one running float64 sum
+        nll_sum += window_sum
+    tokens_scored = total * (seqlen - 1)
+    nll_mean = nll_sum.item() / tokens_scored
+    return PerplexityResult(
+        ppl=math.exp(nll_mean),
+        nll_mean=nll_mean,
+        windows=total,
+        tokens_scored=tokens_scored,
+        seqlen=seqlen,
+        max_windows=max_windows,
+        elapsed_s=time.perf_counter() - started,
+        window_nll=tuple(window_sum.item() / (seqlen - 1) for window_sum in sums),
+    )
+
+
+def window_nll_sums(
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    *,
+    batch_size: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[torch.Tensor]:
+    """Each window's summed next-token NLL (a float64 scalar on the CPU) for `windows` (W, T), scored on
+    its own. `progress(done, W)` after each batch; EvaluationStopped when `should_stop()` says."""
+    total = windows.shape[0]
+    device = next(model.parameters()).device
+    sums: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
     try:
@@ -101,20 +133,9 @@ def perplexity(
                     predictions = logits[row, :-1, :].float()  # (T-1, V): position t predicts t+1
                     targets = batch[row, 1:]  # (T-1,)
                     token_nll = F.cross_entropy(predictions, targets, reduction="none")  # (T-1,)
-                    nll_sum += token_nll.double().sum().cpu()
+                    sums.append(token_nll.double().sum().cpu())
                 if progress is not None:
                     progress(min(start + batch_size, total), total)
     finally:
         model.train(was_training)
-
-    tokens_scored = total * (seqlen - 1)
-    nll_mean = nll_sum.item() / tokens_scored
-    return PerplexityResult(
-        ppl=math.exp(nll_mean),
-        nll_mean=nll_mean,
-        windows=total,
-        tokens_scored=tokens_scored,
-        seqlen=seqlen,
-        max_windows=max_windows,
-        elapsed_s=time.perf_counter() - started,
-    )
+    return sums

@@ -46,6 +46,8 @@ def run(context: JobContext) -> None:
             stage="perplexity",
             start=0.1,
             end=accuracy_start,
+            precision=ppl_spec.precision,  # a dense model has nothing to pair with: unpaired
+            order_seed=spec.seed,
         )
         context.add_results(
             [

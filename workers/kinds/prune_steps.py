@@ -316,6 +316,9 @@ def prune_and_measure(
         start=saving_end,
         end=end,
         detail_prefix=detail_prefix,
+        precision=prepared.data.spec.precision,
+        order_seed=spec.seed,
+        dense_window_nll=prepared.dense.protocol.get("window_nll"),
     )
     timings["perplexity_s"] = lap(lap_started)
     return Measured(sparsity, report, measured, artifact_path, timings)

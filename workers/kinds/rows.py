@@ -73,7 +73,26 @@ def perplexity_protocol(
         "seed": seed,
         "dtype": dtype_name(dtype),
         "elapsed_s": round(measured.elapsed_s, 3),
+        **sampling_protocol(measured, spec, seed),
     }
+
+
+def sampling_protocol(measured: PerplexityResult, spec: PerplexitySpec, seed: int) -> dict[str, Any]:
+    """A perplexity scored to a precision: `sampling` (which windows, the estimator, the band for the
+    full-window value) and the scored windows' NLL; nothing for a full-window measurement."""
+    if measured.sampling is None:
+        return {}
+    return {
+        "sampling": measured.sampling.to_dict(spec.precision, seed),
+        "window_nll": list(measured.window_nll),
+    }
+
+
+def sampled_stderr(measured: PerplexityResult) -> float | None:
+    """The standard error of a perplexity scored on part of the windows (delta method from ln PPL)."""
+    if measured.sampling is None:
+        return None
+    return measured.sampling.stderr_log * measured.ppl
 
 
 def dense_perplexity_result(
@@ -96,10 +115,12 @@ def dense_perplexity_result(
         dataset=spec.dataset,
         split=corpus.split,
         value=measured.ppl,
+        stderr=sampled_stderr(measured),
         n=measured.tokens_scored,
         source="measured",
         protocol={
             **perplexity_protocol(measured, spec, corpus, loaded.dtype, seed),
+            "window_nll": list(measured.window_nll),  # what a paired job needs, once per protocol
             **environment,
         },
     )
@@ -189,6 +210,7 @@ def pruned_results(
             dataset=prepared.data.spec.dataset,
             split=prepared.data.corpus.split,
             value=outcome.perplexity.ppl,
+            stderr=sampled_stderr(outcome.perplexity),
             n=outcome.perplexity.tokens_scored,
             source="measured",
             protocol=protocol,

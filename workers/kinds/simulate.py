@@ -28,18 +28,22 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import torch
+
 from core.methods import METHODS
 from core.prediction.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
+from core.prediction.paired_windows import FIRST_WINDOWS, WindowEstimate, window_order
 from core.prediction.sampling import sampled_band
 from core.specs.common import AccuracySpec
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
-from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
+from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, evaluation_windows
 from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare
 from workers.kinds.rows import compared_accuracy_results, perplexity_protocol, stored_method
+from workers.kinds.simulate_windows import PointKey, pilot_windows, refine_points
 from workers.kinds.steps import stage_progress, step_reporter
 from workers.offload import suspended
 from workers.simulation import (
@@ -57,6 +61,7 @@ SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
 TASKS_START = 0.70
 """Where task scoring starts in the job's progress, when the job scores tasks."""
 BAND_LEVEL = 0.95
+Estimates = dict[PointKey, WindowEstimate]
 
 
 def run(context: JobContext) -> None:
@@ -66,9 +71,12 @@ def run(context: JobContext) -> None:
     data = prepared.data
     available = data.token_ids.numel() // data.seqlen  # the split's windows, which a band covers
     try:
-        eval_ids = evaluation_windows(data.token_ids, data.seqlen, spec.perplexity.max_windows)  # (W, T)
+        windows = evaluation_windows(data.token_ids, data.seqlen, spec.perplexity.max_windows)  # (W, T)
     except ValueError as error:
         raise JobFailure(f"perplexity: {error}") from error
+    precision = spec.perplexity.precision
+    order = None if precision is None else window_order(windows.shape[0], spec.seed)
+    eval_ids = windows if order is None else windows[torch.tensor(pilot_windows(order, FIRST_WINDOWS))]
     calibration = prepared.calibration
     options = SimulationOptions(
         layout=spec.layout,
@@ -78,9 +86,10 @@ def run(context: JobContext) -> None:
         slice_head=spec.slice_head,
         calibration_batch_size=spec.calibration.batch_size,
         eval_batch_size=spec.perplexity.batch_size,
-        keep_models=spec.accuracy is not None,
+        keep_models=spec.accuracy is not None or precision is not None,
     )
     simulated_end = 1.0 if spec.accuracy is None else TASKS_START
+    pass_end = simulated_end if order is None else (SPANS.calibration[1] + simulated_end) / 2
     detail = f"({len(spec.sparsities)} sparsities, {len(spec.anchors)} anchors): "
     context.report("simulating", SPANS.calibration[1], detail)
     simulating_started = time.perf_counter()
@@ -97,7 +106,7 @@ def run(context: JobContext) -> None:
                 options=options,
                 device=prepared.loaded.device,
                 progress=step_reporter(
-                    context, "simulating", SPANS.calibration[1], simulated_end, "block", detail
+                    context, "simulating", SPANS.calibration[1], pass_end, "block", detail
                 ),
                 should_stop=context.should_stop,
             )
@@ -107,13 +116,20 @@ def run(context: JobContext) -> None:
     except ValueError as error:  # UnsupportedArchitectureError included
         raise JobFailure(f"simulating: {error}") from error
     timings = {**prepared.timings, "simulate_s": lap(simulating_started)}
+    estimates: Estimates = {}
+    if order is not None and precision is not None:
+        refining_started = time.perf_counter()
+        estimates = _refine(
+            context, prepared, spec, report, windows, order, precision, pass_end, simulated_end
+        )
+        timings["windows_s"] = lap(refining_started)
     scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
     if spec.accuracy is not None:
         tasks_started = time.perf_counter()
         scored = _score_tasks(context, prepared, spec.accuracy, report, start=simulated_end)
         timings["accuracy_s"] = lap(tasks_started)
     timings["total_s"] = lap(started)
-    rows = simulated_results(prepared, spec, report, available, timings)
+    rows = simulated_results(prepared, spec, report, available, timings, estimates)
     rows += simulated_accuracy_results(prepared, spec, report, scored)
     context.add_results(rows)
     context.log.info(
@@ -131,10 +147,14 @@ def simulated_results(
     report: SimulationReport,
     available_windows: int,
     timings: dict[str, float],
+    estimates: Estimates | None = None,
 ) -> list[Result]:
     """One `ppl` row per simulated point and anchor, and with anchors one `anchored` row per simulated
-    sparsity. Raises JobFailure for a non-finite perplexity (nothing could be stored or fitted)."""
+    sparsity; `estimates` (a job with a precision): each point's value and band from its windows paired
+    with the dense model's. Raises JobFailure for a non-finite perplexity (nothing could be stored or
+    fitted)."""
     dense = prepared.dense.value
+    estimates = estimates or {}
     for point in report.points:
         if not math.isfinite(point.scores.ppl):
             raise JobFailure(
@@ -148,15 +168,60 @@ def simulated_results(
         for simulated in [_face_at(report, point.sparsity)]
         if simulated is not None
     ]
-    scale = fit_scale(anchors, dense)
-    rows = [_row(prepared, spec, report, point, available_windows, timings) for point in report.points]
+    scale = fit_scale(anchors, dense)  # anchor and face on the same windows: paired
+    rows = [
+        _row(prepared, spec, report, point, available_windows, timings, estimates.get(_key(point)))
+        for point in report.points
+    ]
     if scale is not None:
         rows += [
-            _anchored_row(prepared, spec, report, point, scale, available_windows, timings)
+            _anchored_row(
+                prepared, spec, report, point, scale, available_windows, timings, estimates.get(_key(point))
+            )
             for point in report.points
             if point.role == SIMULATED
         ]
     return rows
+
+
+def _key(point: SimulatedPoint) -> PointKey:
+    return (point.sparsity, point.role)
+
+
+def _refine(
+    context: JobContext,
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    windows: torch.Tensor,
+    order: list[int],
+    precision: float,
+    start: float,
+    end: float,
+) -> Estimates:
+    """Every point to the job's precision, paired with the dense baseline's per-window NLL."""
+    dense_windows = prepared.dense.protocol.get("window_nll") or []
+    if len(dense_windows) != windows.shape[0]:
+        raise JobFailure(
+            f"the dense baseline (result {prepared.dense.id}) kept {len(dense_windows)} per-window NLLs "
+            f"for a protocol of {windows.shape[0]} windows; simulate with precision null"
+        )
+    try:
+        return refine_points(
+            context,
+            prepared.loaded.model,
+            report,
+            windows,
+            order,
+            dense_windows,
+            precision,
+            batch_size=spec.perplexity.batch_size,
+            start=start,
+            end=end,
+        )
+    except EvaluationStopped:
+        context.check_stop()
+        raise
 
 
 def _face_at(report: SimulationReport, sparsity: float) -> SimulatedPoint | None:
@@ -170,9 +235,10 @@ def _row(
     point: SimulatedPoint,
     available_windows: int,
     timings: dict[str, float],
+    found: WindowEstimate | None,
 ) -> Result:
-    scores = point.scores
-    band = _band(point, available_windows)
+    measured = _measured(prepared, spec, report, point, found)
+    band = _band(point, available_windows) if found is None else _paired_band(found)
     return Result(
         model_id=prepared.source.model_id,
         model_revision=prepared.loaded.revision,
@@ -181,11 +247,11 @@ def _row(
         metric="ppl",
         dataset=prepared.data.spec.dataset,
         split=prepared.data.corpus.split,
-        value=scores.ppl,
-        stderr=None if band is None else band["stderr_log"] * scores.ppl,
-        n=scores.tokens,
+        value=measured.ppl,
+        stderr=None if band is None else band["stderr_log"] * measured.ppl,
+        n=measured.tokens_scored,
         source=SIMULATED_SOURCE,
-        protocol=_protocol(prepared, spec, report, point, timings) | {"band": band},
+        protocol=_protocol(prepared, spec, report, point, measured, timings) | {"band": band},
     )
 
 
@@ -197,13 +263,15 @@ def _anchored_row(
     scale: AnchoredScale,
     available_windows: int,
     timings: dict[str, float],
+    found: WindowEstimate | None,
 ) -> Result:
-    row = _row(prepared, spec, report, point, available_windows, timings)
-    value = scale.apply(point.sparsity, point.scores.ppl, prepared.dense.value)
+    row = _row(prepared, spec, report, point, available_windows, timings, found)
+    face = row.value
+    value = scale.apply(point.sparsity, face, prepared.dense.value)
     factor = scale.factor(point.sparsity)
     row.value = value
     row.law = ANCHORED_LAW
-    row.stderr = None if row.stderr is None else row.stderr / point.scores.ppl * value * abs(factor)
+    row.stderr = None if row.stderr is None else row.stderr / face * value * abs(factor)
     row.protocol = {**row.protocol, "anchored": {**scale.to_dict(), "factor": factor}, "band": None}
     return row
 
@@ -213,18 +281,9 @@ def _protocol(
     spec: SimulateJobCreate,
     report: SimulationReport,
     point: SimulatedPoint,
+    measured: PerplexityResult,
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    scores = point.scores
-    measured = PerplexityResult(
-        ppl=scores.ppl,
-        nll_mean=scores.nll_mean,
-        windows=int(scores.nll.numel()),
-        tokens_scored=scores.tokens,
-        seqlen=prepared.data.seqlen,
-        max_windows=spec.perplexity.max_windows,
-        elapsed_s=report.timings.get("total", 0.0),
-    )
     return {
         **perplexity_protocol(
             measured, prepared.data.spec, prepared.data.corpus, prepared.loaded.dtype, spec.seed
@@ -238,6 +297,41 @@ def _protocol(
         "timings": timings,
         **prepared.environment,
     }
+
+
+def _measured(
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    point: SimulatedPoint,
+    found: WindowEstimate | None,
+) -> PerplexityResult:
+    """The point's perplexity as the perplexity protocol records one: its windows' scores, or with a
+    precision the paired estimate for every window and the windows it rests on."""
+    scores = point.scores
+    elapsed = report.timings.get("total", 0.0)
+    seqlen = prepared.data.seqlen
+    if found is None:
+        return PerplexityResult(
+            ppl=scores.ppl,
+            nll_mean=scores.nll_mean,
+            windows=int(scores.nll.numel()),
+            tokens_scored=scores.tokens,
+            seqlen=seqlen,
+            max_windows=spec.perplexity.max_windows,
+            elapsed_s=elapsed,
+        )
+    return PerplexityResult(
+        ppl=found.ppl,
+        nll_mean=found.nll_mean,
+        windows=found.windows,
+        tokens_scored=found.windows * (seqlen - 1),
+        seqlen=seqlen,
+        max_windows=spec.perplexity.max_windows,
+        elapsed_s=elapsed,
+        window_nll=found.window_nll,
+        sampling=found,
+    )
 
 
 def _simulation_record(
@@ -311,6 +405,22 @@ def simulated_accuracy_results(
             source_kind=SIMULATED_SOURCE,
         )
     return rows
+
+
+def _paired_band(found: WindowEstimate) -> dict[str, Any] | None:
+    """The band for the full-window value from windows paired with the dense model's; None when every
+    window was scored (the value is the full-window one)."""
+    if found.complete:
+        return None
+    return {
+        "level": found.level,
+        "low": found.low,
+        "high": found.high,
+        "stderr_log": found.stderr_log,
+        "windows": found.windows,
+        "of_windows": found.of_windows,
+        "estimator": found.estimator,
+    }
 
 
 def _band(point: SimulatedPoint, available_windows: int) -> dict[str, Any] | None:

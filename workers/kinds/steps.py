@@ -9,7 +9,7 @@ the steps of the pruning kinds are in `prune_steps`, those that score tasks in `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,13 @@ from sqlalchemy.orm import Session
 
 from core.methods import DENSE
 from core.model_sources import ModelSource, ModelSourceError, resolve_model
+from core.prediction.paired_windows import WindowEstimate
 from core.specs.common import ModelSpec, PerplexitySpec
 from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
 from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
+from workers.evaluation.sampled_perplexity import perplexity_to_precision
 from workers.kinds.rows import dense_perplexity_result, dtype_name
 from workers.loading import LoadedModel, ModelLoadError, load_model
 
@@ -49,6 +51,27 @@ def step_reporter(
     return report
 
 
+def band_reporter(
+    context: JobContext, stage: str, start: float, end: float, prefix: str = ""
+) -> Callable[[WindowEstimate], None]:
+    """A progress callback for windows scored to a precision: 'window i of at most W, band ±x %'."""
+
+    def report(found: WindowEstimate) -> None:
+        context.report(
+            stage,
+            stage_progress(start, end, found.windows, found.of_windows),
+            f"{prefix}{band_detail(found)}",
+        )
+
+    return report
+
+
+def band_detail(found: WindowEstimate) -> str:
+    return (
+        f"window {found.windows} of at most {found.of_windows}, band ±{100 * found.relative_half_width:.1f} %"
+    )
+
+
 def load_for_job(context: JobContext, spec: ModelSpec) -> tuple[ModelSource, LoadedModel]:
     """Resolve and load the job's model; user-facing problems become JobFailure."""
     try:
@@ -72,19 +95,38 @@ def measure_perplexity(
     start: float,
     end: float,
     detail_prefix: str = "",
+    precision: float | None = None,
+    order_seed: int = 0,
+    dense_window_nll: Sequence[float] | None = None,
 ) -> PerplexityResult:
-    """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job. A
-    non-finite perplexity (a diverged model) fails the job: it could be neither stored nor fitted."""
+    """Score `model` on `token_ids`, reporting 'window i/W' within [start, end] of the job; with
+    `precision`, only as many windows (in the seeded order, paired with `dense_window_nll` when given)
+    as reach it, reporting 'window i of at most W, band ±x %'. A non-finite perplexity (a diverged
+    model) fails the job: it could be neither stored nor fitted."""
     try:
-        measured = perplexity(
-            model,
-            token_ids,
-            seqlen=seqlen,
-            max_windows=spec.max_windows,
-            batch_size=spec.batch_size,
-            progress=step_reporter(context, stage, start, end, "window", detail_prefix),
-            should_stop=context.should_stop,
-        )
+        if precision is None:
+            measured = perplexity(
+                model,
+                token_ids,
+                seqlen=seqlen,
+                max_windows=spec.max_windows,
+                batch_size=spec.batch_size,
+                progress=step_reporter(context, stage, start, end, "window", detail_prefix),
+                should_stop=context.should_stop,
+            )
+        else:
+            measured = perplexity_to_precision(
+                model,
+                token_ids,
+                seqlen=seqlen,
+                precision=precision,
+                order_seed=order_seed,
+                dense_window_nll=dense_window_nll,
+                max_windows=spec.max_windows,
+                batch_size=spec.batch_size,
+                progress=band_reporter(context, stage, start, end, detail_prefix),
+                should_stop=context.should_stop,
+            )
     except EvaluationStopped:
         context.check_stop()
         raise
@@ -109,6 +151,7 @@ def find_dense_baseline(
     match_keys: tuple[str, ...] = BASELINE_MATCH_KEYS,
     own_job_id: str | None = None,
     parent_job_id: str | None = None,
+    need_window_nll: bool = False,
 ) -> Result | None:
     """The newest measured dense `metric` of this model (and revision) on `dataset` whose protocol
     equals `protocol` on every `match_keys` key, or None. Perplexity matches on BASELINE_MATCH_KEYS;
@@ -118,7 +161,8 @@ def find_dense_baseline(
     job itself (`own_job_id`, a resumed attempt), or of its parent (`parent_job_id`: a fanned-out
     sweep's children share its fate, since canceling the sweep cancels them, and a sweep resumes
     rather than deleting what it stored). A running job's rows may still vanish (canceled, retried),
-    and nothing else may point at them (core.lifecycle)."""
+    and nothing else may point at them (core.lifecycle). A row scored on part of the windows is never a
+    baseline; with `need_window_nll`, only a row with its per-window NLL is (a job pairing with it)."""
     wanted = {key: protocol[key] for key in match_keys}
     finished = Result.job_id.is_(None) | Result.job_id.in_(
         select(Job.id).where(Job.status == JobStatus.succeeded)
@@ -140,6 +184,10 @@ def find_dense_baseline(
         .order_by(Result.id.desc())
     )
     for row in session.scalars(query):
+        if row.protocol.get("sampling") is not None:  # part of the windows: an estimate, not a baseline
+            continue
+        if need_window_nll and not row.protocol.get("window_nll"):
+            continue  # measured before per-window NLL was kept: cannot pair
         if all(row.protocol.get(key) == value for key, value in wanted.items()):
             return row
     return None
@@ -186,8 +234,9 @@ def dense_baseline(
     end: float,
 ) -> tuple[Result, bool]:
     """The dense perplexity under `data`'s protocol: reused from the store when this model was
-    measured so before, else measured on `loaded.model` (unchanged) and stored as a (dense, 0)
-    result of this job. Returns the result and whether it came from another job."""
+    measured so before, else measured on `loaded.model` (unchanged) on every window and stored as a
+    (dense, 0) result of this job with its per-window NLL (what a job with a `precision` pairs with).
+    Returns the result and whether it came from another job."""
     dense = context.read(
         lambda session: find_dense_baseline(
             session,
@@ -197,6 +246,7 @@ def dense_baseline(
             data.match,
             own_job_id=context.job_id,
             parent_job_id=context.parent_id,
+            need_window_nll=data.spec.precision is not None,
         ),
         "looking for a dense baseline to reuse",
     )

@@ -88,7 +88,7 @@ def simulate_job(body: PredictionCreate, series: Series | None) -> tuple[dict[st
         **_common(body, series),
         "method": body.method,
         "sparsities": grid,
-        "perplexity": _perplexity(series, body),
+        "perplexity": _perplexity(series, body) | {"precision": body.precision},
     }
     return validated(request)
 

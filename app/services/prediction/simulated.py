@@ -113,10 +113,27 @@ def _newest_simulation(
         + (f", {simulation.get('bases')} bases" if simulation.get("bases") else "")
         + (f" from {simulation.get('basis_windows')} windows" if simulation.get("basis_windows") else "")
         + (f"; anchored at {simulation.get('anchors')}" if anchored else "; no anchor")
+        + _windows_said(face_rows)
     )
     exact = bool(face_rows) and all((r.protocol.get("simulation") or {}).get("exact") for r in face_rows)
     anchors = tuple(float(a) for a in simulation.get("anchors") or ())
     return SimulatedCurves(job_id, face, anchored or None, describe, exact, anchors)
+
+
+def _windows_said(rows: list[Result]) -> str:
+    """Which windows the face values rest on: a few of them paired with the dense model's, or all."""
+    samplings = [row.protocol.get("sampling") for row in rows]
+    used = [s for s in samplings if s]
+    if not used:
+        windows = {row.protocol.get("windows") for row in rows}
+        return f"; every point on {', '.join(str(w) for w in sorted(windows, key=str))} windows"
+    counts = sorted(int(s["windows"]) for s in used)
+    spread = str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+    return (
+        f"; each point on {spread} of {used[0]['of_windows']} windows (seeded order {used[0]['order_seed']}) "
+        f"paired with the dense model's ({used[0]['estimator']} estimator), banded for the full-window "
+        f"value to ±{100 * float(used[0]['precision'] or 0):g} %"
+    )
 
 
 def _protocol(protocol: dict[str, Any]) -> ProtocolKey:

@@ -1,0 +1,246 @@
+"""What a curve costs three ways, side by side: the sweep, the simulation on every window, and the
+simulation at the default precision (issue 41); and a measured prune at the default precision.
+
+Usage (from the repository root; a fresh store under --home, the app in-process with its embedded
+worker, as `make run` serves it; Gemma needs its packaged wheels, see README.md):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/precision_curves.py --home bench/out/precision-curves \\
+        --model smollm2-135m --methods wanda magnitude slicegpt
+
+Per model (fp32, CPU, `--threads`): calibration `--calibration-sequences` BoolQ passages x 512 tokens
+(seed 42), evaluation the first `--windows` WikiText-2 test windows of 512, s = 0.1..0.5. Jobs, in
+order, each timed by its wall clock:
+
+1. `evaluate` on every window: the dense pass, whose per-window NLL every later job reuses;
+2. per method, a `sweep` of the five sparsities (precision null: every window) - the truth;
+3. a `simulate` with precision null (every window), and one at the default precision;
+4. a `prune` at the default precision at `--prune-sparsity` (per mask method).
+
+Per way: wall seconds, the cost split the jobs record (`timings`), |ln(simulated / swept)| median and
+maximum, the windows each point used, and how often each point's 95 % band covers (a) the simulation's
+own full-window value - what the band claims - and (b) the swept value. Writes
+bench/out/precision_curves-<model>.json (git-ignored) after every job and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from fastapi.testclient import TestClient  # noqa: E402
+from first_contact import checkpoint, embedded_store, run  # noqa: E402
+
+from app.main import create_app  # noqa: E402
+from core.prediction.paired_windows import DEFAULT_PRECISION  # noqa: E402
+
+SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--home", type=Path, required=True, help="a fresh store (SQLite) and job files")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--methods", nargs="+", default=["wanda", "magnitude", "slicegpt"])
+    parser.add_argument("--windows", type=int, default=40)
+    parser.add_argument("--seqlen", type=int, default=512)
+    parser.add_argument("--calibration-sequences", type=int, default=32)
+    parser.add_argument("--prune-sparsity", type=float, default=0.4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timeout-s", type=float, default=7200.0)
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.out is None:
+        args.out = REPO_ROOT / "bench" / "out" / f"precision_curves-{args.model}.json"
+    return args
+
+
+def common(args: argparse.Namespace, precision: float | None) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "dtype": "float32",
+        "calibration": {"num_sequences": args.calibration_sequences, "seqlen": 512, "batch_size": 8},
+        "perplexity": {"seqlen": args.seqlen, "max_windows": args.windows, "precision": precision},
+    }
+
+
+def submit(client: TestClient, body: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    response = client.post("/v1/jobs", json=body)
+    response.raise_for_status()
+    job = run(client, response.json()["id"], args)
+    rows = client.get(f"/v1/jobs/{job['id']}/results", params={"limit": 200}).json()["items"]
+    job["rows"] = [r for r in rows if r["metric"] == "ppl"]
+    return job
+
+
+def curve(job: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """Per sparsity: value, band, windows used and the job's cost split."""
+    points = {}
+    for row in job["rows"]:
+        if row["source"] != source or row["sparsity"] == 0.0 or row.get("law"):
+            continue
+        protocol = row["protocol"]
+        if (protocol.get("simulation") or {}).get("role", "simulated") != "simulated":
+            continue
+        sampling = protocol.get("sampling") or {}
+        band = protocol.get("band") or sampling
+        points[f"{row['sparsity']:g}"] = {
+            "value": row["value"],
+            "low": band.get("low"),
+            "high": band.get("high"),
+            "windows": protocol.get("windows"),
+            "timings": protocol.get("timings"),
+        }
+    return points
+
+
+def compare(
+    way: dict[str, dict[str, Any]], truth: dict[str, dict[str, Any]], own: dict[str, Any] | None
+) -> dict[str, Any]:
+    """|ln(way / truth)| and band coverage (of `own`, the same simulation on every window, and of truth)."""
+    errors, covered_own, covered_truth = [], [], []
+    for at, point in way.items():
+        swept = truth[at]["value"]
+        errors.append(abs(math.log(point["value"] / swept)))
+        if point["low"] is not None:
+            covered_truth.append(point["low"] <= swept <= point["high"])
+            if own is not None:
+                full = own[at]["value"]
+                covered_own.append(point["low"] <= full <= point["high"])
+    return {
+        "median_log_error": statistics.median(errors),
+        "max_log_error": max(errors),
+        "windows": [point["windows"] for point in way.values()],
+        "bands_cover_full_window_value": f"{sum(covered_own)}/{len(covered_own)}"
+        if own is not None
+        else None,
+        "bands_cover_swept_value": f"{sum(covered_truth)}/{len(covered_truth)}",
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    settings = embedded_store(args)
+    report: dict[str, Any] = {
+        "model": args.model,
+        "protocol": common(args, None),
+        "default_precision": DEFAULT_PRECISION,
+        "load_average_start": list(os.getloadavg()),
+        "methods": {},
+    }
+    with TestClient(create_app(settings, start_background=False)) as client:
+        dense = submit(client, {"kind": "evaluate", **common(args, None)}, args)
+        report["dense_pass"] = {"wall_s": dense["wall_s"], "ppl": dense["rows"][0]["value"]}
+        checkpoint(args, report)
+        for method in args.methods:
+            entry: dict[str, Any] = report["methods"].setdefault(method, {})
+            sweep = submit(
+                client,
+                {"kind": "sweep", "method": method, "sparsities": SPARSITIES, **common(args, None)},
+                args,
+            )
+            truth = curve(sweep, "measured")
+            entry["sweep"] = {"wall_s": sweep["wall_s"], "curve": truth}
+            checkpoint(args, report)
+            ways = {}
+            for name, precision in (
+                ("simulate_every_window", None),
+                ("simulate_default_precision", DEFAULT_PRECISION),
+            ):
+                body = {
+                    "kind": "simulate",
+                    "method": method,
+                    "sparsities": SPARSITIES,
+                    **common(args, precision),
+                }
+                started = time.perf_counter()
+                job = submit(client, body, args)
+                ways[name] = curve(job, "simulated")
+                timings = next(iter(ways[name].values()))["timings"]
+                entry[name] = {
+                    "wall_s": job["wall_s"],
+                    "ratio_to_sweep": round(job["wall_s"] / sweep["wall_s"], 3),
+                    "timings": timings,
+                    "curve": ways[name],
+                    "elapsed_s": round(time.perf_counter() - started, 1),
+                }
+                checkpoint(args, report)
+            entry["simulate_every_window"] |= compare(ways["simulate_every_window"], truth, None)
+            entry["simulate_default_precision"] |= compare(
+                ways["simulate_default_precision"], truth, ways["simulate_every_window"]
+            )
+            if method != "slicegpt":
+                body = {
+                    "kind": "prune",
+                    "method": method,
+                    "sparsity": args.prune_sparsity,
+                    **common(args, DEFAULT_PRECISION),
+                }
+                job = submit(client, body, args)
+                [row] = [r for r in job["rows"] if r["method"] != "dense"]
+                sampling = row["protocol"]["sampling"]
+                full = truth[f"{args.prune_sparsity:g}"]["value"]
+                entry["prune_default_precision"] = {
+                    "wall_s": job["wall_s"],
+                    "value": row["value"],
+                    "full_window_value": full,
+                    "windows": sampling["windows"],
+                    "of_windows": sampling["of_windows"],
+                    "band": [sampling["low"], sampling["high"]],
+                    "covers": sampling["low"] <= full <= sampling["high"],
+                    "log_error": abs(math.log(row["value"] / full)),
+                }
+            checkpoint(args, report)
+    report["load_average_end"] = list(os.getloadavg())
+    checkpoint(args, report)
+    print(summary(report))
+
+
+def summary(report: dict[str, Any]) -> str:
+    lines = [f"{report['model']}: dense pass {report['dense_pass']['wall_s']} s"]
+    for method, entry in report["methods"].items():
+        lines.append(f"{method}: sweep {entry['sweep']['wall_s']} s")
+        for name in ("simulate_every_window", "simulate_default_precision"):
+            way = entry.get(name)
+            if way:
+                lines.append(
+                    f"  {name}: {way['wall_s']} s (x{way['ratio_to_sweep']}), median |ln| "
+                    f"{way['median_log_error']:.4f} max {way['max_log_error']:.4f}, "
+                    f"windows {way['windows']}, bands cover own {way['bands_cover_full_window_value']} "
+                    f"swept {way['bands_cover_swept_value']}"
+                )
+        prune = entry.get("prune_default_precision")
+        if prune:
+            lines.append(
+                f"  prune at default precision: {prune['windows']} of {prune['of_windows']} windows, "
+                f"|ln| {prune['log_error']:.4f}, covers {prune['covers']}, {prune['wall_s']} s"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Jobs with a `precision`: a few windows in a seeded order, paired with the dense model's own, and a
+band for the full-window value; the same windows a prune of the same seed scores."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core.prediction.paired_windows import estimate, window_order
+from tests.app.test_jobs_api import assert_problem
+from tests.app.test_prune_jobs import prune_body, wait_done
+from tests.app.test_simulate_jobs import simulate_body
+
+WINDOWS = 24
+SEQLEN = 64
+
+
+def _protocol(precision: float | None) -> dict[str, Any]:
+    return {"seqlen": SEQLEN, "max_windows": WINDOWS, "precision": precision}
+
+
+def _ppl_rows(api: TestClient, job_id: str) -> list[dict[str, Any]]:
+    rows = api.get("/v1/results", params={"job_id": job_id, "limit": 50}).json()["items"]
+    return [row for row in rows if row["metric"] == "ppl"]
+
+
+def _run(api: TestClient, worker: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    job = api.post("/v1/jobs", json=body).json()
+    wait_done(api, job["id"], worker)
+    return _ppl_rows(api, job["id"])
+
+
+def test_a_simulated_subset_is_the_pruned_models_same_windows_and_its_estimate_is_recomputable(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Magnitude's simulation is exact: on every window both scored, the simulated NLL is the pruned
+    model's; the stored value is the paired estimate of the stored windows, recomputed here."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    body = simulate_body(model, method="magnitude", sparsities=[0.5], anchors=[], perplexity=_protocol(1e-4))
+    simulated = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+    (face,) = simulated
+    sampling = face["protocol"]["sampling"]
+    dense_rows = api.get("/v1/results", params={"model": model, "method": "dense", "metric": "ppl"}).json()
+    dense_windows = dense_rows["items"][0]["protocol"]["window_nll"]
+    assert len(dense_windows) == WINDOWS and sampling["of_windows"] == WINDOWS
+    indices, values = sampling["window_indices"], face["protocol"]["window_nll"]
+    assert indices == window_order(WINDOWS, 42)[: sampling["windows"]] and len(values) == len(indices)
+    assert sampling["windows"] > 8  # 1e-4 is out of the pilot's reach: the whole model scored more
+    again = estimate(indices, values, WINDOWS, dense_windows, estimator=sampling["estimator"])
+    assert math.isclose(face["value"], again.ppl, rel_tol=1e-12)
+    assert face["n"] == sampling["windows"] * (SEQLEN - 1)
+
+    pruned = _run(api, worker, prune_body(model, 0.5, method="magnitude", perplexity=_protocol(1e-4)))
+    (measured,) = [r for r in pruned if r["method"] != "dense"]
+    pruned_by_window = dict(
+        zip(
+            measured["protocol"]["sampling"]["window_indices"],
+            measured["protocol"]["window_nll"],
+            strict=True,
+        )
+    )
+    common = [index for index in indices if index in pruned_by_window]
+    assert len(common) >= 8
+    for index, value in zip(indices, values, strict=True):
+        if index in pruned_by_window:
+            assert math.isclose(value, pruned_by_window[index], rel_tol=1e-5), index
+
+    full = _run(api, worker, prune_body(model, 0.5, method="magnitude", perplexity=_protocol(None)))
+    (truth,) = [r for r in full if r["method"] != "dense"]
+    assert "sampling" not in truth["protocol"]
+    if sampling["windows"] == WINDOWS:  # every window: the full-window value
+        assert math.isclose(face["value"], truth["value"], rel_tol=1e-5)
+        assert face["protocol"]["band"] is None
+    else:
+        band = face["protocol"]["band"]
+        assert band["low"] <= truth["value"] <= band["high"]
+
+
+def test_a_measured_prune_to_a_precision_stores_its_windows_and_a_band_for_the_full_value(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    full = _run(api, worker, prune_body(model, 0.4, method="magnitude", perplexity=_protocol(None)))
+    sampled = _run(api, worker, prune_body(model, 0.4, method="magnitude", perplexity=_protocol(0.02)))
+    (truth,) = [r for r in full if r["method"] != "dense"]
+    (row,) = [r for r in sampled if r["method"] != "dense"]
+    sampling = row["protocol"]["sampling"]
+    assert sampling["precision"] == 0.02 and sampling["estimator"] == "regression"
+    assert sampling["reached"] is True and sampling["relative_half_width"] <= 0.02
+    assert 8 <= sampling["windows"] < WINDOWS and row["protocol"]["windows"] == sampling["windows"]
+    assert row["stderr"] is not None and row["stderr"] > 0
+    assert sampling["low"] <= truth["value"] <= sampling["high"]
+    # The dense baseline was measured once, on every window, and reused by the second prune.
+    dense = [r for r in full + sampled if r["method"] == "dense"]
+    assert len(dense) == 1 and len(dense[0]["protocol"]["window_nll"]) == WINDOWS
+
+
+def test_an_evaluation_to_a_precision_is_unpaired_and_never_reused_as_a_baseline(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    body = {"kind": "evaluate", "model": model, "perplexity": _protocol(0.5)}
+    (row,) = _run(api, worker, body)
+    assert row["protocol"]["sampling"]["estimator"] == "unpaired"
+    pruned = _run(api, worker, prune_body(model, 0.3, method="magnitude", perplexity=_protocol(None)))
+    dense = [r for r in pruned if r["method"] == "dense"]
+    assert len(dense) == 1 and "sampling" not in dense[0]["protocol"]  # measured anew on every window
+
+
+@pytest.mark.parametrize("precision", [0, 1, -0.5, 1.5, "tight"])
+@pytest.mark.parametrize("kind", ["prune", "simulate", "evaluate"])
+def test_a_precision_outside_zero_one_is_a_422_naming_the_field(
+    api: TestClient, tiny_model_dir: Path, kind: str, precision: Any
+) -> None:
+    perplexity = {"seqlen": SEQLEN, "precision": precision}
+    bodies = {
+        "prune": prune_body(str(tiny_model_dir), method="magnitude", perplexity=perplexity),
+        "simulate": simulate_body(str(tiny_model_dir), method="magnitude", anchors=[], perplexity=perplexity),
+        "evaluate": {"kind": "evaluate", "model": str(tiny_model_dir), "perplexity": perplexity},
+    }
+    problem = assert_problem(api.post("/v1/jobs", json=bodies[kind]), 422)
+    assert "precision" in str(problem)

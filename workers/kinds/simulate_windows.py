@@ -1,0 +1,76 @@
+"""A simulated curve to a precision: each sparsity's windows paired with the dense model's, a few at a
+time, until its band on the full-window PPL is as narrow as the job asked (`core.prediction.paired_windows`).
+
+The simulation's block-by-block pass scores a pilot (the first windows of the seeded order) for every
+track at once; a face value whose band is still too wide is then scored on further windows of that
+order through its whole simulated model (`workers.simulation.whole_models`: the same arithmetic, the
+model's own forward), so a curve costs one pass over the pilot plus only the windows it needs. An
+anchor (the method itself, `role: anchor`) rests on the pilot: it is paired with its face value on
+those very windows when the curve is scaled through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from core.prediction.paired_windows import WindowEstimate, estimate, estimate_sequentially
+from workers.context import JobContext
+from workers.evaluation.sampled_perplexity import window_scorer
+from workers.kinds.steps import band_reporter, stage_progress
+from workers.simulation import SIMULATED, SimulationReport
+
+PointKey = tuple[float, str]
+"""A simulated point by (sparsity, role)."""
+
+
+def refine_points(
+    context: JobContext,
+    model: torch.nn.Module,
+    report: SimulationReport,
+    windows: torch.Tensor,
+    order: Sequence[int],
+    dense_window_nll: Sequence[float],
+    precision: float,
+    *,
+    batch_size: int,
+    start: float,
+    end: float,
+) -> dict[PointKey, WindowEstimate]:
+    """Each point's estimate for the full-window value of `windows` (W, T), its pilot being the first
+    windows of `order` (what the report's points scored); face values refined to `precision`."""
+    pilot = list(order[: len(report.points[0].scores.per_window)]) if report.points else []
+    models = {simulated.sparsity: simulated for simulated in report.models}
+    population = windows.shape[0]
+    found: dict[PointKey, WindowEstimate] = {}
+    faces = [point for point in report.points if point.role == SIMULATED]
+    for position, point in enumerate(faces):
+        scored = point.scores.per_window
+        simulated = models.get(point.sparsity)
+        low = stage_progress(start, end, position, len(faces))
+        high = stage_progress(start, end, position + 1, len(faces))
+        prefix = f"s={point.sparsity:g} ({position + 1}/{len(faces)}): "
+        if simulated is None:  # no whole model kept: the pilot is all there is
+            found[(point.sparsity, point.role)] = estimate(pilot, scored, population, dense_window_nll)
+            continue
+        with simulated.applied(model):
+            found[(point.sparsity, point.role)] = estimate_sequentially(
+                window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop),
+                order,
+                precision,
+                dense_window_nll,
+                scored=scored,
+                progress=band_reporter(context, "scoring windows", low, high, prefix),
+            )
+    for point in report.points:
+        if point.role != SIMULATED:
+            found[(point.sparsity, point.role)] = estimate(
+                pilot, point.scores.per_window, population, dense_window_nll
+            )
+    return found
+
+
+def pilot_windows(order: Sequence[int], first: int) -> list[int]:
+    """The windows the simulation's pass scores for every track: the first of the seeded order."""
+    return list(order[: min(first, len(order))])
