@@ -349,7 +349,8 @@ def _print_prediction_table(answer: dict[str, Any]) -> None:
         if metric["fitted_on"]:
             fitted = ", ".join(f"{p['sparsity']:g}: {p['value']:.4g}" for p in metric["fitted_on"])
             print(f"  fitted on {fitted}")
-        if metric["strict_law"]:
+        from_a_law = any(p.get("rung") in ("law", "strict") for p in metric["predictions"])
+        if metric["strict_law"] and from_a_law:  # beside a measured or simulated answer it misleads
             print(f"  {metric['strict_law']['verdict']}")
         verdicts = {
             (p["rung"], p["verdict"]["advice"])

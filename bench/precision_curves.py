@@ -25,11 +25,12 @@ bench/out/precision_curves-<model>.json (git-ignored) after every job and prints
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import random
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from first_contact import checkpoint, embedded_store, run  # noqa: E402
 
 from app.main import create_app  # noqa: E402
-from core.prediction.paired_windows import DEFAULT_PRECISION  # noqa: E402
+from core.prediction.paired_windows import DEFAULT_PRECISION, ESTIMATORS, UNPAIRED, estimate  # noqa: E402
 
 SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
 
@@ -60,6 +61,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--calibration-sequences", type=int, default=32)
     parser.add_argument("--prune-sparsity", type=float, default=0.4)
+    parser.add_argument(
+        "--prune-only",
+        action="store_true",
+        help="per method only a prune on every window and one at the default precision (no curves)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=7200.0)
     parser.add_argument(
@@ -71,6 +77,11 @@ def parse_args() -> argparse.Namespace:
         "--data-dir",
         type=Path,
         default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
+    )
+    parser.add_argument(
+        "--study-only",
+        action="store_true",
+        help="only the estimator study, on the per-window NLL an earlier run wrote to --out",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -114,6 +125,8 @@ def curve(job: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
             "high": band.get("high"),
             "windows": protocol.get("windows"),
             "timings": protocol.get("timings"),
+            "window_nll": protocol.get("window_nll"),  # in window order, or that of window_indices
+            "window_indices": sampling.get("window_indices"),
         }
     return points
 
@@ -126,7 +139,7 @@ def compare(
     for at, point in way.items():
         swept = truth[at]["value"]
         errors.append(abs(math.log(point["value"] / swept)))
-        if point["low"] is not None:
+        if point["low"] is not None and point["windows"] != own_windows(own, at):
             covered_truth.append(point["low"] <= swept <= point["high"])
             if own is not None:
                 full = own[at]["value"]
@@ -142,8 +155,121 @@ def compare(
     }
 
 
+def prune_body(args: argparse.Namespace, method: str, precision: float | None) -> dict[str, Any]:
+    return {"kind": "prune", "method": method, "sparsity": args.prune_sparsity, **common(args, precision)}
+
+
+def prune_to_precision(
+    client: TestClient, args: argparse.Namespace, method: str, full: float
+) -> dict[str, Any]:
+    """A measured prune at the default precision against `full`, its value on every window."""
+    job = submit(client, prune_body(args, method, DEFAULT_PRECISION), args)
+    [row] = [r for r in job["rows"] if r["method"] != "dense"]
+    sampling = row["protocol"]["sampling"]
+    return {
+        "wall_s": job["wall_s"],
+        "value": row["value"],
+        "full_window_value": full,
+        "windows": sampling["windows"],
+        "of_windows": sampling["of_windows"],
+        "band": [sampling["low"], sampling["high"]],
+        "covers": sampling["low"] <= full <= sampling["high"],
+        "log_error": abs(math.log(row["value"] / full)),
+    }
+
+
+def run_curves(
+    client: TestClient, args: argparse.Namespace, method: str, entry: dict[str, Any], report: dict[str, Any]
+) -> None:
+    """The sweep, both simulations and (mask methods) a prune at the default precision."""
+    sweep = submit(
+        client, {"kind": "sweep", "method": method, "sparsities": SPARSITIES, **common(args, None)}, args
+    )
+    truth = curve(sweep, "measured")
+    entry["sweep"] = {"wall_s": sweep["wall_s"], "curve": truth}
+    checkpoint(args, report)
+    ways = {}
+    ways_asked = (("simulate_every_window", None), ("simulate_default_precision", DEFAULT_PRECISION))
+    for name, precision in ways_asked:
+        body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
+        job = submit(client, body, args)
+        ways[name] = curve(job, "simulated")
+        entry[name] = {
+            "wall_s": job["wall_s"],
+            "ratio_to_sweep": round(job["wall_s"] / sweep["wall_s"], 3),
+            "timings": next(iter(ways[name].values()))["timings"],
+            "curve": ways[name],
+        }
+        checkpoint(args, report)
+    entry["simulate_every_window"] |= compare(ways["simulate_every_window"], truth, None)
+    entry["simulate_default_precision"] |= compare(
+        ways["simulate_default_precision"], truth, ways["simulate_every_window"]
+    )
+    if method != "slicegpt":
+        entry["prune_default_precision"] = prune_to_precision(
+            client, args, method, truth[f"{args.prune_sparsity:g}"]["value"]
+        )
+
+
+def own_windows(own: dict[str, Any] | None, at: str) -> int | None:
+    """The windows the full-window run scored at `at`: a point that used them all has no band."""
+    return None if own is None else own[at]["windows"]
+
+
+STUDY_DRAWS = 2000
+STUDY_WINDOWS = (8, 16)
+
+
+def estimator_study(report: dict[str, Any]) -> dict[str, Any]:
+    """Each estimator on fixed-size random subsets of every full-window curve point the run stored
+    (the swept and the simulated ones): |error| in ln PPL against the full-window value, median and
+    95th percentile, and the share of 95 % bands holding it; medians over the points."""
+    dense = report["dense_pass"]["window_nll"]
+    count = len(dense)
+    rows: dict[str, dict[str, float]] = {}
+    for method, entry in report["methods"].items():
+        points = [
+            point["window_nll"]
+            for way in ("sweep", "simulate_every_window")
+            for point in (entry.get(way) or {}).get("curve", {}).values()
+            if point.get("window_nll") and len(point["window_nll"]) == count
+        ]
+        for windows in STUDY_WINDOWS:
+            for name in ESTIMATORS:
+                medians, tails, covered = [], [], []
+                for values in points:
+                    truth = statistics.fmean(values)
+                    draws = random.Random(1)
+                    errors, held = [], 0
+                    for _ in range(STUDY_DRAWS):
+                        chosen = draws.sample(range(count), windows)
+                        paired = None if name == UNPAIRED else dense
+                        found = estimate(chosen, [values[i] for i in chosen], count, paired, estimator=name)
+                        errors.append(abs(found.nll_mean - truth))
+                        held += errors[-1] <= found.half_log
+                    errors.sort()
+                    medians.append(statistics.median(errors))
+                    tails.append(errors[int(0.95 * len(errors))])
+                    covered.append(held / STUDY_DRAWS)
+                if points:
+                    rows[f"{method} k={windows} {name}"] = {
+                        "points": len(points),
+                        "median_error": statistics.median(medians),
+                        "p95_error": statistics.median(tails),
+                        "coverage": statistics.median(covered),
+                    }
+    return rows
+
+
 def main() -> None:
     args = parse_args()
+    if args.study_only:
+        earlier: dict[str, Any] = json.loads(args.out.read_text())
+        earlier["estimator_study"] = estimator_study(earlier)
+        checkpoint(args, earlier)
+        for key, row in earlier["estimator_study"].items():
+            print(key, row)
+        return
     settings = embedded_store(args)
     report: dict[str, Any] = {
         "model": args.model,
@@ -153,69 +279,26 @@ def main() -> None:
         "methods": {},
     }
     with TestClient(create_app(settings, start_background=False)) as client:
-        dense = submit(client, {"kind": "evaluate", **common(args, None)}, args)
-        report["dense_pass"] = {"wall_s": dense["wall_s"], "ppl": dense["rows"][0]["value"]}
+        evaluate = {key: value for key, value in common(args, None).items() if key != "calibration"}
+        dense = submit(client, {"kind": "evaluate", **evaluate}, args)
+        report["dense_pass"] = {
+            "wall_s": dense["wall_s"],
+            "ppl": dense["rows"][0]["value"],
+            "window_nll": dense["rows"][0]["protocol"]["window_nll"],
+        }
         checkpoint(args, report)
         for method in args.methods:
             entry: dict[str, Any] = report["methods"].setdefault(method, {})
-            sweep = submit(
-                client,
-                {"kind": "sweep", "method": method, "sparsities": SPARSITIES, **common(args, None)},
-                args,
-            )
-            truth = curve(sweep, "measured")
-            entry["sweep"] = {"wall_s": sweep["wall_s"], "curve": truth}
-            checkpoint(args, report)
-            ways = {}
-            for name, precision in (
-                ("simulate_every_window", None),
-                ("simulate_default_precision", DEFAULT_PRECISION),
-            ):
-                body = {
-                    "kind": "simulate",
-                    "method": method,
-                    "sparsities": SPARSITIES,
-                    **common(args, precision),
-                }
-                started = time.perf_counter()
-                job = submit(client, body, args)
-                ways[name] = curve(job, "simulated")
-                timings = next(iter(ways[name].values()))["timings"]
-                entry[name] = {
-                    "wall_s": job["wall_s"],
-                    "ratio_to_sweep": round(job["wall_s"] / sweep["wall_s"], 3),
-                    "timings": timings,
-                    "curve": ways[name],
-                    "elapsed_s": round(time.perf_counter() - started, 1),
-                }
-                checkpoint(args, report)
-            entry["simulate_every_window"] |= compare(ways["simulate_every_window"], truth, None)
-            entry["simulate_default_precision"] |= compare(
-                ways["simulate_default_precision"], truth, ways["simulate_every_window"]
-            )
-            if method != "slicegpt":
-                body = {
-                    "kind": "prune",
-                    "method": method,
-                    "sparsity": args.prune_sparsity,
-                    **common(args, DEFAULT_PRECISION),
-                }
-                job = submit(client, body, args)
-                [row] = [r for r in job["rows"] if r["method"] != "dense"]
-                sampling = row["protocol"]["sampling"]
-                full = truth[f"{args.prune_sparsity:g}"]["value"]
-                entry["prune_default_precision"] = {
-                    "wall_s": job["wall_s"],
-                    "value": row["value"],
-                    "full_window_value": full,
-                    "windows": sampling["windows"],
-                    "of_windows": sampling["of_windows"],
-                    "band": [sampling["low"], sampling["high"]],
-                    "covers": sampling["low"] <= full <= sampling["high"],
-                    "log_error": abs(math.log(row["value"] / full)),
-                }
+            if args.prune_only:
+                full = submit(client, prune_body(args, method, None), args)
+                [row] = [r for r in full["rows"] if r["method"] != "dense"]
+                entry["prune_every_window"] = {"wall_s": full["wall_s"], "value": row["value"]}
+                entry["prune_default_precision"] = prune_to_precision(client, args, method, row["value"])
+            else:
+                run_curves(client, args, method, entry, report)
             checkpoint(args, report)
     report["load_average_end"] = list(os.getloadavg())
+    report["estimator_study"] = estimator_study(report)
     checkpoint(args, report)
     print(summary(report))
 
@@ -223,7 +306,10 @@ def main() -> None:
 def summary(report: dict[str, Any]) -> str:
     lines = [f"{report['model']}: dense pass {report['dense_pass']['wall_s']} s"]
     for method, entry in report["methods"].items():
-        lines.append(f"{method}: sweep {entry['sweep']['wall_s']} s")
+        if "sweep" in entry:
+            lines.append(f"{method}: sweep {entry['sweep']['wall_s']} s")
+        else:
+            lines.append(f"{method}: prune on every window {entry['prune_every_window']}")
         for name in ("simulate_every_window", "simulate_default_precision"):
             way = entry.get(name)
             if way:

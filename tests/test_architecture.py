@@ -47,6 +47,62 @@ def test_each_side_imports_only_what_the_arrows_allow(package: str) -> None:
     assert crossings == []
 
 
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in it (functions and TYPE_CHECKING blocks
+    included: a ring closed lazily is still a ring a reader must untangle); `from a import b` names
+    the module a.b where there is one, else a."""
+    trees = {module_name(path): tree for package in PACKAGES for path, tree in sources(package)}
+    graph: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names if alias.name in trees}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    child = f"{node.module}.{alias.name}"
+                    edges |= {child} if child in trees else ({node.module} & trees.keys())
+        graph[name] = edges - {name}
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph[node])
+    return seen
+
+
+def rings(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that each reach the others through their imports, sorted by name."""
+    reach = {node: reachable(graph, node) for node in graph}
+    found = {
+        tuple(sorted({node} | {other for other in reach[node] if node in reach[other]}))
+        for node in graph
+        if node in reach[node]
+    }
+    return [list(ring) for ring in sorted(found)]
+
+
+def test_rings_are_found_where_modules_import_each_other() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}, "g": set()}
+    assert rings(graph) == [["a", "b", "c"], ["e", "f"]]
+
+
+def test_no_modules_import_each_other_round_a_ring() -> None:
+    """Each room has a floor below it: a module never reaches itself through what it imports."""
+    assert rings(import_graph()) == []
+
+
 @pytest.mark.parametrize("package", ["core", "app"])
 def test_the_service_side_names_the_engine_only_in_the_entry_point_registry(package: str) -> None:
     named = [

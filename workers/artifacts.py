@@ -1,34 +1,22 @@
-"""A pruned model saved as a job's artifact, and the JSON description its folder ends with.
+"""A pruned model saved as a job's artifact.
 
-`save_artifact` writes a pruned model to its folder in its pruner's format, with the dense model's
-tokenizer, and returns the `artifacts` row that describes it (kind, size, hash of the weights).
-
-Every saved folder ends with a description file (prunecast_pruning.json, slicing_config.json):
-what was done to the model, its provenance and the library versions. Each artifact writer
-(`workers.slicing.artifacts`, `workers.pruning.artifacts`) writes its description last with
-`write_description`, so a folder without it is incomplete; readers check the format name and
-version (`read_description`) before trusting anything else in the folder.
-
-The pruners import this module (through their writers), so it names them for type checking only.
+`save_artifact` writes a pruned model to its folder in its pruner's format (`workers.pruners`), with
+the dense model's tokenizer, and returns the `artifacts` row that describes it (kind, size, hash of
+the weights). The description file each folder ends with is `workers.artifact_descriptions`'.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-import transformers
 from transformers import PreTrainedModel
 
 from core.tables import Artifact
 from workers.offload import suspended
-
-if TYPE_CHECKING:
-    from workers.pruners import Pruner, Report
+from workers.pruners import Pruner, Report
 
 
 def save_artifact(
@@ -64,33 +52,3 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_description(
-    path: Path, description: dict[str, Any], *, file_format: str, format_version: int
-) -> None:
-    """Write `description` with its format, format version and the torch / transformers versions, as
-    indented JSON with sorted keys."""
-    full = {
-        **description,
-        "format": file_format,
-        "format_version": format_version,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
-    path.write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
-
-
-def read_description(
-    folder: str | Path, file_name: str, *, file_format: str, format_version: int, what: str
-) -> dict[str, Any]:
-    """The description `file_name` of `folder` (a `what` folder), checked for format and version."""
-    path = Path(folder) / file_name
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {folder} is not a (complete) {what} folder")
-    description: dict[str, Any] = json.loads(path.read_text())
-    if description.get("format") != file_format or description.get("format_version") != format_version:
-        raise ValueError(
-            f"{path} has format {description.get('format')!r} version {description.get('format_version')!r}; "
-            f"this code reads {file_format!r} version {format_version}"
-        )
-    return description

@@ -132,3 +132,12 @@ def test_predict_passes_the_calibration_and_precision_the_queued_job_is_to_use(t
     assert every["precision"] is None and every["calibration"] == {"seed": 3}
     with pytest.raises(ValueError, match="--calibration takes a JSON object"):
         _predict_body(build_parser().parse_args([*argv, "--calibration", "[1, 2]"]))
+
+
+def test_the_strict_laws_note_is_printed_only_under_an_answer_from_a_law(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, measured_only, _ = predict(capsys, server, "--sparsity", "0.1", "--sparsity", "0.2")
+    assert "the strict law" not in measured_only
+    _, from_a_law, _ = predict(capsys, server, "--sparsity", "0.25")
+    assert "law" in from_a_law and "the strict law" in from_a_law

@@ -9,7 +9,6 @@ ACCURACY_MATCH_KEYS agree (`steps.find_dense_baseline`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,6 +32,7 @@ from workers.evaluation.task_scoring import (
     score_requested_task,
     task_request,
 )
+from workers.kinds.job_data import DenseAccuracy, TaskPlan
 from workers.kinds.rows import accuracy_results, dtype_name
 from workers.kinds.steps import find_dense_baseline, stage_progress
 from workers.loading import LoadedModel
@@ -41,24 +41,6 @@ from workers.loading import LoadedModel
 # measurement. `data_sha256` hashes the docs as scored, few-shot prompts included.
 # `max_new_tokens` is None except for generation tasks (rows stored before it existed match None).
 ACCURACY_MATCH_KEYS = ("limit", "subsample_seed", "num_fewshot", "max_new_tokens", "data_sha256", "dtype")
-
-
-@dataclass(frozen=True)
-class TaskPlan:
-    """One task of a job, its data checked before any scoring."""
-
-    name: str
-    split: str
-    metrics: tuple[str, ...]  # the task's metrics (core.tasks)
-    match: dict[str, Any]  # ACCURACY_MATCH_KEYS -> value: what a reusable dense accuracy must share
-
-
-@dataclass(frozen=True)
-class DenseAccuracy:
-    """The dense accuracy of one task: metric -> result, and whether another job measured it."""
-
-    results: dict[str, Result]
-    reused: bool
 
 
 def plan_tasks(spec: AccuracySpec, loaded: LoadedModel) -> list[TaskPlan]:

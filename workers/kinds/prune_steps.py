@@ -16,7 +16,7 @@ Methods differ only in their pruner (`workers.pruners`, chosen by the method's k
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,29 +24,24 @@ import torch
 from transformers import PreTrainedModel
 
 from core.methods import METHODS
-from core.model_sources import ModelSource
 from core.specs.common import AccuracySpec, CalibrationSpec
-from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.specs.simulate import SimulateJobCreate
-from core.tables import Result
 from workers.architectures import UnsupportedArchitectureError, match_structure
 from workers.artifacts import save_artifact
 from workers.calibration import CalibrationBatch, CalibrationError, build_calibration, calibration_corpus
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
 from workers.environment import run_environment
-from workers.evaluation.perplexity import PerplexityResult, effective_seqlen
+from workers.evaluation.perplexity import effective_seqlen
 from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import (
-    DenseAccuracy,
-    TaskPlan,
     dense_accuracy,
     measure_accuracy,
     plan_tasks,
 )
+from workers.kinds.job_data import DenseAccuracy, Measured, Prepared, PruningJob
 from workers.kinds.rows import job_pattern
 from workers.kinds.steps import (
-    PerplexityData,
     dense_baseline,
     load_for_job,
     measure_perplexity,
@@ -56,8 +51,6 @@ from workers.kinds.steps import (
 from workers.loading import LoadedModel
 from workers.offload import suspended
 from workers.pruners import PruneOptions, PruneRun, Report, pruner_for
-
-PruningJob = PruneJobCreate | SweepJobCreate
 
 # How `prune_and_measure` splits its share of the job's progress: pruning, saving, perplexity.
 # (A prune job gives it 0.30-1.00: slicing 0.30-0.75, saving 0.75-0.80, perplexity 0.80-1.00.)
@@ -72,34 +65,6 @@ class PrepareSpans:
     load: float
     baseline: tuple[float, float]
     calibration: tuple[float, float]
-
-
-@dataclass
-class Prepared:
-    """What every sparsity of a slicing job is sliced and scored with, measured or drawn once."""
-
-    source: ModelSource
-    loaded: LoadedModel  # the dense model (the first sparsity may slice it in place) and tokenizer
-    environment: dict[str, Any]
-    data: PerplexityData
-    dense: Result
-    dense_reused: bool  # measured by another job
-    calibration: CalibrationBatch | None  # None for data-free methods (magnitude)
-    calibration_record: dict[str, Any] | None
-    timings: dict[str, float] = field(default_factory=dict)
-    accuracy_plans: list[TaskPlan] = field(default_factory=list)  # empty: no accuracy asked
-    dense_accuracy: dict[str, DenseAccuracy] = field(default_factory=dict)  # task -> its dense rows
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One sliced model, scored."""
-
-    sparsity: float
-    report: Report
-    perplexity: PerplexityResult
-    artifact_path: str | None
-    timings: dict[str, float]
 
 
 def lap(since: float) -> float:

@@ -23,7 +23,7 @@ profile, a simulated curve) are built in that kind's module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -36,11 +36,9 @@ from core.tables import Result
 from workers.data import TextCorpus
 from workers.evaluation.perplexity import PerplexityResult
 from workers.evaluation.task_scoring import FEWSHOT_SEED, ScoredTask
+from workers.kinds.job_data import Measured, Prepared, PruningJob
 from workers.loading import LoadedModel
 from workers.pruners import pruner_for
-
-if TYPE_CHECKING:  # types only: the steps import this module, so it cannot import them at run time
-    from workers.kinds.prune_steps import Measured, Prepared, PruningJob
 
 # Results that describe the model rather than a measurement on data carry this dataset name.
 NO_DATASET = "none"
@@ -73,19 +71,17 @@ def perplexity_protocol(
         "seed": seed,
         "dtype": dtype_name(dtype),
         "elapsed_s": round(measured.elapsed_s, 3),
+        "window_nll": list(measured.window_nll),  # per window scored: what pairing and its study need
         **sampling_protocol(measured, spec, seed),
     }
 
 
 def sampling_protocol(measured: PerplexityResult, spec: PerplexitySpec, seed: int) -> dict[str, Any]:
-    """A perplexity scored to a precision: `sampling` (which windows, the estimator, the band for the
-    full-window value) and the scored windows' NLL; nothing for a full-window measurement."""
+    """A perplexity scored to a precision: `sampling` (which windows, in the order of `window_nll`, the
+    estimator, the band for the full-window value); nothing for a full-window measurement."""
     if measured.sampling is None:
         return {}
-    return {
-        "sampling": measured.sampling.to_dict(spec.precision, seed),
-        "window_nll": list(measured.window_nll),
-    }
+    return {"sampling": measured.sampling.to_dict(spec.precision, seed)}
 
 
 def sampled_stderr(measured: PerplexityResult) -> float | None:
@@ -119,8 +115,7 @@ def dense_perplexity_result(
         n=measured.tokens_scored,
         source="measured",
         protocol={
-            **perplexity_protocol(measured, spec, corpus, loaded.dtype, seed),
-            "window_nll": list(measured.window_nll),  # what a paired job needs, once per protocol
+            **perplexity_protocol(measured, spec, corpus, loaded.dtype, seed),  # window_nll: what pairs
             **environment,
         },
     )

@@ -7,7 +7,12 @@ Stages and the share of the job's progress each one covers:
     dense baseline  0.02-0.10  reused from the store like a prune job's, else measured and stored
     calibration     0.10-0.12  the windows a prune of the same request would draw
     simulating      0.12-1.00  detail "(S sparsities, A anchors): block i/L", then every curve's
-                               windows are read through the head (to 0.70 with `accuracy`)
+                               windows are read through the head (to 0.70 with `accuracy`); with a
+                               `precision` (the default) the pass runs on an 8-window pilot to
+                               halfway, then
+    scoring windows            detail "s=<s> (j/S): window i of at most W, band ±x %": each face
+                               value on further windows until its band reaches the precision
+                               (`workers.kinds.simulate_windows`)
     accuracy        0.70-1.00  with `accuracy`: each simulated sparsity's whole model scored on the
                                tasks, detail "s=<s> (j/S): <task> i/N"
 
@@ -41,7 +46,8 @@ from workers.context import JobContext, JobFailure
 from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, evaluation_windows
 from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import measure_accuracy
-from workers.kinds.prune_steps import Prepared, PrepareSpans, lap, prepare
+from workers.kinds.job_data import Prepared
+from workers.kinds.prune_steps import PrepareSpans, lap, prepare
 from workers.kinds.rows import compared_accuracy_results, perplexity_protocol, stored_method
 from workers.kinds.simulate_windows import PointKey, pilot_windows, refine_points
 from workers.kinds.steps import stage_progress, step_reporter
@@ -156,7 +162,8 @@ def simulated_results(
     dense = prepared.dense.value
     estimates = estimates or {}
     for point in report.points:
-        if not math.isfinite(point.scores.ppl):
+        found = estimates.get(_key(point))
+        if not math.isfinite(point.scores.ppl if found is None else found.ppl):
             raise JobFailure(
                 f"the simulated perplexity at sparsity {point.sparsity:g} is not finite "
                 f"({point.scores.ppl}); simulate in float32 or at lower sparsities"
@@ -320,6 +327,7 @@ def _measured(
             seqlen=seqlen,
             max_windows=spec.perplexity.max_windows,
             elapsed_s=elapsed,
+            window_nll=tuple(scores.per_window),
         )
     return PerplexityResult(
         ppl=found.ppl,

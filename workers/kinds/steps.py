@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,9 +22,10 @@ from core.prediction.paired_windows import WindowEstimate
 from core.specs.common import ModelSpec, PerplexitySpec
 from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
-from workers.data import DataMissingError, TextCorpus, load_wikitext2_test, tokenize_corpus
+from workers.data import DataMissingError, load_wikitext2_test, tokenize_corpus
 from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, effective_seqlen, perplexity
 from workers.evaluation.sampled_perplexity import perplexity_to_precision
+from workers.kinds.job_data import PerplexityData
 from workers.kinds.rows import dense_perplexity_result, dtype_name
 from workers.loading import LoadedModel, ModelLoadError, load_model
 
@@ -191,17 +191,6 @@ def find_dense_baseline(
         if all(row.protocol.get(key) == value for key, value in wanted.items()):
             return row
     return None
-
-
-@dataclass(frozen=True)
-class PerplexityData:
-    """The evaluation tokens of a job and the protocol every perplexity of the job is measured with."""
-
-    spec: PerplexitySpec
-    corpus: TextCorpus
-    token_ids: torch.Tensor  # (tokens,)
-    seqlen: int  # spec.seqlen capped at the model's context
-    match: dict[str, Any]  # BASELINE_MATCH_KEYS -> value: what a reusable dense baseline must share
 
 
 def perplexity_data(context: JobContext, loaded: LoadedModel, spec: PerplexitySpec) -> PerplexityData:

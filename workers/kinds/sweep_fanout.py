@@ -41,7 +41,7 @@ from core.specs.jobs import PruneJobCreate, SweepJobCreate
 from core.store import StoreUnavailable
 from core.tables import Job, JobStatus, Result
 from workers.context import JobContext, JobFailure
-from workers.kinds.prune_steps import Prepared
+from workers.kinds.job_data import Prepared
 
 POLL_S = 0.5  # how often the sweep reads its children's rows
 LIVE = (JobStatus.queued, JobStatus.running, JobStatus.succeeded)

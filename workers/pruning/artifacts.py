@@ -16,7 +16,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from core.methods import PRUNED_ARTIFACT
-from workers.artifacts import read_description, write_description
+from workers.artifact_descriptions import read_description, write_description
 from workers.pruning.engine import PruningReport
 
 ARTIFACT_KIND = PRUNED_ARTIFACT

@@ -45,7 +45,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from core.families import family_from_config
 from core.methods import STOCK_LAYOUT
 from workers.architectures import adapter_for_family
-from workers.artifacts import read_description, write_description
+from workers.artifact_descriptions import read_description, write_description
 from workers.slicing import portable
 from workers.slicing.portable.modeling_prunecast_sliced import (
     AUTO_MAP,
