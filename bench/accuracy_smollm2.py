@@ -20,28 +20,16 @@ OpenMP threads spin against each other (measured 4.3 s vs 27.6 s for 20 arc_easy
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.evaluation.mc_formats import load_task  # noqa: E402
-from workers.evaluation.multiple_choice import TaskResult, score_task  # noqa: E402
-from workers.loading import load_model  # noqa: E402
+from core.model_sources import resolve_model
+from workers.evaluation.mc_formats import load_task
+from workers.evaluation.multiple_choice import TaskResult, score_task
+from workers.loading import load_model
 
 # Measured on SmolLM2-135M (this Q4_1 GGUF), 0-shot, first 300 items: (acc, acc_norm).
 REFERENCE: dict[str, tuple[float, float | None]] = {
@@ -63,66 +51,46 @@ SPEEDUP_MODES = {  # name -> (batch_size, share_context)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--items", type=int, default=300, help="first N docs of each task")
-    parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=DEFAULT_TASKS)
-    parser.add_argument(
+    made = harness.parser(__doc__, "accuracy_smollm2", threads=1)
+    harness.add_store_args(made)
+    made.add_argument("--items", type=int, default=300, help="first N docs of each task")
+    made.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=DEFAULT_TASKS)
+    made.add_argument(
         "--speedup-items", type=int, default=50, help="arc_easy docs for the speed-up (0: skip)"
     )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="converted-model cache (default: Settings)"
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "accuracy_smollm2.json")
-    args = parser.parse_args()
-
-    torch.set_num_threads(args.threads)
-    settings = Settings(cache_dir=args.cache_dir) if args.cache_dir else Settings()
+    made.add_argument("--batch-size", type=int, default=16)
+    made.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    args, settings = harness.parse_engine(made)
     started = time.perf_counter()
     loaded = load_model(resolve_model("smollm2-135m", settings), settings, device=args.device)
-    report: dict[str, Any] = {
-        "model": {"id": loaded.model_id, "revision": loaded.revision, "path": str(loaded.path)},
-        "load_s": round(time.perf_counter() - started, 2),
-        "environment": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "load_average_start": list(os.getloadavg()),
-        "items_per_task": args.items,
-        "batch_size": args.batch_size,
-        "tolerance": TOLERANCE,
-        "speedup": None,
-        "tasks": {},
-    }
-    write(args.out, report)
+    report = harness.start_report(
+        model={"id": loaded.model_id, "revision": loaded.revision, "path": str(loaded.path)},
+        load_s=round(time.perf_counter() - started, 2),
+        items_per_task=args.items,
+        batch_size=args.batch_size,
+        tolerance=TOLERANCE,
+        speedup=None,
+        tasks={},
+    )
+    report["environment"] |= {"device": str(loaded.device), "dtype": str(loaded.dtype).removeprefix("torch.")}
+    harness.write_report(args.out, report)
 
     if args.speedup_items > 0:
         report["speedup"] = measure_speedup(loaded.model, loaded.tokenizer, args.speedup_items)
-        write(args.out, report)
+        harness.write_report(args.out, report)
 
     for name in args.tasks:
-        cpu_started = time.process_time()
+        cpu_started = harness.cpu_seconds()
         result = score_task(
             loaded.model, loaded.tokenizer, name, limit=args.items, batch_size=args.batch_size
         )
         report["tasks"][name] = task_entry(result)
-        report["tasks"][name]["cpu_s"] = round(time.process_time() - cpu_started, 1)
-        write(args.out, report)
+        report["tasks"][name]["cpu_s"] = round(harness.cpu_seconds() - cpu_started, 1)
+        harness.write_report(args.out, report)
         print(format_row(name, report["tasks"][name]), flush=True)
 
     report["total_task_s"] = round(sum(entry["elapsed_s"] for entry in report["tasks"].values()), 1)
-    report["load_average_end"] = list(os.getloadavg())
-    write(args.out, report)
-    print(f"wrote {args.out}")
+    harness.finish_report(args.out, report)
 
 
 def measure_speedup(model: torch.nn.Module, tokenizer: Any, items: int) -> dict[str, Any]:
@@ -131,11 +99,11 @@ def measure_speedup(model: torch.nn.Module, tokenizer: Any, items: int) -> dict[
     results: dict[str, TaskResult] = {}
     cpu_s: dict[str, float] = {}
     for mode, (batch_size, share_context) in SPEEDUP_MODES.items():
-        cpu_started = time.process_time()
+        cpu_started = harness.cpu_seconds()
         results[mode] = score_task(
             model, tokenizer, "arc_easy", limit=items, batch_size=batch_size, share_context=share_context
         )
-        cpu_s[mode] = time.process_time() - cpu_started
+        cpu_s[mode] = harness.cpu_seconds() - cpu_started
         print(f"speed-up {mode}: {results[mode].elapsed_s:.1f} s", flush=True)
     reference = results["one_by_one"]
     entry: dict[str, Any] = {
@@ -203,13 +171,6 @@ def format_row(name: str, entry: dict[str, Any]) -> str:
         f"{name:14s} acc {entry['acc']:.3f}±{entry['acc_stderr']:.3f} acc_norm {norm} "
         f"(ref {ref}) {status}  n={entry['n']} {entry['elapsed_s']:.0f} s"
     )
-
-
-def write(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".json.tmp")
-    scratch.write_text(json.dumps(report, indent=2) + "\n")
-    scratch.replace(path)
 
 
 if __name__ == "__main__":

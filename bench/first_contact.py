@@ -26,86 +26,32 @@ bench/out/first_contact.json (git-ignored) and prints a summary.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+from fastapi.testclient import TestClient
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
-from core.settings import Settings  # noqa: E402
-
-TERMINAL = ("succeeded", "failed", "canceled")
+from app.main import create_app
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--home", type=Path, required=True, help="a fresh store (SQLite) and job files")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--method", default="slicegpt")
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.15, 0.25, 0.35, 0.45])
-    parser.add_argument("--calibration-corpus", default="boolq-passages")
-    parser.add_argument("--calibration-sequences", type=int, default=64)
-    parser.add_argument("--calibration-length", type=int, default=1024)
-    parser.add_argument("--calibration-seed", type=int, default=7)
-    parser.add_argument("--eval-seqlen", type=int, default=1024)
-    parser.add_argument("--eval-windows", type=int, default=30)
-    parser.add_argument("--caller-point", type=float, default=0.25)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--timeout-s", type=float, default=7200.0)
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "first_contact.json")
-    return parser.parse_args()
-
-
-def embedded_store(args: argparse.Namespace) -> Settings:
-    """The settings of an embedded install in `args.home`, its store migrated, torch on `args.threads`
-    (what this bench and profile_records.py start from)."""
-    torch.set_num_threads(args.threads)
-    args.home.mkdir(parents=True, exist_ok=True)
-    settings = Settings(
-        home=args.home, cache_dir=args.cache_dir, data_dir=args.data_dir, log_format="console"
-    )
-    upgrade(settings.store_url)
-    return settings
+    made = harness.parser(__doc__, "first_contact")
+    harness.add_store_args(made, home="required")
+    harness.add_model_args(made)
+    harness.add_calibration_args(made, sequences=64, length=1024, seed=7)
+    harness.add_protocol_args(made, seqlen=1024, windows=30)
+    made.add_argument("--method", default="slicegpt")
+    made.add_argument("--sparsities", type=float, nargs="+", default=[0.15, 0.25, 0.35, 0.45])
+    made.add_argument("--caller-point", type=float, default=0.25)
+    made.add_argument("--timeout-s", type=float, default=7200.0)
+    return made.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    settings = embedded_store(args)
-    report: dict[str, Any] = {
-        "request": question(args),
-        "load_average_start": list(os.getloadavg()),
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-        },
-    }
+    settings = harness.embedded_store(args)
+    report = harness.start_report(request=question(args))
     with TestClient(create_app(settings, start_background=False)) as client:
         steps = report["steps"] = {}
         first = client.post("/v1/predictions", json=question(args))
@@ -118,20 +64,20 @@ def main() -> None:
             "kind": job.get("kind"),
         }
         if queued.status_code == 202:
-            steps["2_measure_missing"]["job"] = run(client, job["id"], args)
+            steps["2_measure_missing"]["job"] = harness.run(client, job["id"], args.timeout_s)
         steps["3_after_simulation"] = answer(client, question(args))
-        checkpoint(args, report)
+        harness.write_report(args.out, report)
         sweep = {
             "kind": "sweep",
             "model": args.model,
             "method": args.method,
             "sparsities": args.sparsities,
             "calibration": question(args)["calibration"],
-            "perplexity": {"seqlen": args.eval_seqlen, "max_windows": args.eval_windows},
+            "perplexity": harness.protocol_body(args),
         }
         submitted = client.post("/v1/jobs", json=sweep)
         submitted.raise_for_status()
-        steps["4_sweep"] = run(client, submitted.json()["id"], args)
+        steps["4_sweep"] = harness.run(client, submitted.json()["id"], args.timeout_s)
         truth = measured_curve(client, submitted.json()["id"])
         truth["0"] = steps["3_after_simulation"]["baseline"]  # the sweep reused the simulation's
         report["truth"] = truth
@@ -144,16 +90,8 @@ def main() -> None:
         steps["6_caller_point"] = answer(client, {**question(args), "points": points})
     for step in ("3_after_simulation", "5_after_sweep", "6_caller_point"):
         score(report["steps"][step], truth)
-    report["load_average_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    harness.finish_report(args.out, report)
     print(summary(report))
-
-
-def checkpoint(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    """What has been seen so far, written at once: a later step's failure loses none of it."""
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
 
 
 def question(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,25 +111,6 @@ def question(args: argparse.Namespace) -> dict[str, Any]:
 
 def key(sparsity: float) -> str:
     return f"{sparsity:g}"
-
-
-def run(client: TestClient, job_id: str, args: argparse.Namespace) -> dict[str, Any]:
-    started, last = time.perf_counter(), None
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        seen = (job["stage"], job["detail"])
-        if seen != last:
-            print(
-                f"[{time.perf_counter() - started:8.1f}s] {job['kind']} {job['stage']}: {job['detail']}",
-                flush=True,
-            )
-            last = seen
-        if job["status"] in TERMINAL or time.perf_counter() - started > args.timeout_s:
-            break
-        time.sleep(2.0)
-    if job["status"] != "succeeded":
-        raise SystemExit(f"job {job_id} {job['status']}: {job['error']}")
-    return {"id": job_id, "status": job["status"], "wall_s": round(time.perf_counter() - started, 1)}
 
 
 def measured_curve(client: TestClient, job_id: str) -> dict[str, float]:

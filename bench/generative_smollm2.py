@@ -25,29 +25,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
-import sys
-import tempfile
+import math
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+from fastapi.testclient import TestClient
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+from app.main import create_app
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
-from core.settings import Settings  # noqa: E402
-
-TERMINAL = ("succeeded", "failed", "canceled")
 TASKS = ["arc_easy", "piqa", "lambada_openai"]
 PRUNINGS = {
     "wanda-50": {"method": "wanda", "sparsity": 0.5},
@@ -59,48 +45,24 @@ LOWER_IS_BETTER = {"perplexity", "ppl"}
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--items", type=int, default=300, help="docs per task (the first N)")
-    parser.add_argument("--gsm8k-items", type=int, default=24, help="0 skips the GSM8K job")
-    parser.add_argument("--prunings", nargs="*", default=list(PRUNINGS), choices=list(PRUNINGS))
-    parser.add_argument("--calibration-sequences", type=int, default=64)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--eval-windows", type=int, default=8, help="WikiText-2 windows of 512 tokens")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
-    parser.add_argument("--home", type=Path, default=None, help="keep the store here; default: a temp dir")
-    parser.add_argument("--poll-s", type=float, default=2.0)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "generative_smollm2.json")
-    return parser.parse_args()
+    made = harness.parser(__doc__, "generative_smollm2", threads=1)
+    harness.add_model_args(made)
+    harness.add_store_args(made, home="optional")
+    made.add_argument("--items", type=int, default=300, help="docs per task (the first N)")
+    made.add_argument("--gsm8k-items", type=int, default=24, help="0 skips the GSM8K job")
+    made.add_argument("--prunings", nargs="*", default=list(PRUNINGS), choices=list(PRUNINGS))
+    made.add_argument("--calibration-sequences", type=int, default=64)
+    made.add_argument("--calibration-length", type=int, default=512)
+    made.add_argument("--eval-windows", type=int, default=8, help="WikiText-2 windows of 512 tokens")
+    made.add_argument("--batch-size", type=int, default=16)
+    made.add_argument("--poll-s", type=float, default=2.0)
+    return made.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
-    report: dict[str, Any] = {
-        "load_average_start": list(os.getloadavg()),
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-        },
-        "jobs": {},
-    }
+    harness.use_threads(args.threads)
+    report = harness.start_report(jobs={})
     accuracy = {"tasks": TASKS, "limit": args.items, "batch_size": args.batch_size}
     perplexity = {"seqlen": 512, "max_windows": args.eval_windows}
     calibration = {
@@ -129,38 +91,21 @@ def main() -> None:
             "save_artifact": False,
         }
     with contextlib.ExitStack() as stack:
-        home = args.home or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prunecast-gen-")))
-        home.mkdir(parents=True, exist_ok=True)
-        settings = Settings(
-            home=home, cache_dir=args.cache_dir, data_dir=args.data_dir, model_roots=[], log_format="console"
-        )
-        upgrade(settings.store_url)
+        settings = harness.kept_or_scratch_store(args, stack, "prunecast-gen-")
         with TestClient(create_app(settings, start_background=False)) as client:
             for name, body in jobs.items():
                 report["jobs"][name] = run_job(client, body, args.poll_s)
                 report["table"] = table(report["jobs"])
-                write(args.out, report)
-    report["load_average_end"] = list(os.getloadavg())
-    write(args.out, report)
+                harness.write_report(args.out, report)
+    harness.finish_report(args.out, report)
     print(json.dumps(report["table"], indent=2))
 
 
 def run_job(client: TestClient, body: dict[str, Any], poll_s: float) -> dict[str, Any]:
     submitted = client.post("/v1/jobs", json=body)
     submitted.raise_for_status()
-    job_id = submitted.json()["id"]
-    started = time.perf_counter()
-    last = None
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if (job["stage"], job["detail"]) != last:
-            last = (job["stage"], job["detail"])
-            print(
-                f"[{time.perf_counter() - started:8.1f}s] {body.get('method', 'dense')}: {last}", flush=True
-            )
-        if job["status"] in TERMINAL:
-            break
-        time.sleep(poll_s)
+    job_id, started = submitted.json()["id"], time.perf_counter()
+    job = harness.follow(client, job_id, math.inf, poll_s)
     results = client.get(f"/v1/jobs/{job_id}/results").json()["items"]
     return {
         "job_id": job_id,
@@ -205,11 +150,6 @@ def table(jobs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 row[label]["retained"] = 1 / ratio if key[1] in LOWER_IS_BETTER else ratio
         rows.append(row)
     return rows
-
-
-def write(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

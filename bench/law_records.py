@@ -25,27 +25,24 @@ the band rules were fixed before this file existed. The profile and simulated ru
 here: the profile rung needs each curve's profile (hours of CPU on this machine), and the simulated
 rung's record is `bench/simulate_curves.py`'s.
 
-Writes bench/out/law_records.json (git-ignored) and prints the table bench/README.md quotes.
+Writes bench/out/law_records.json (git-ignored; `--out` for another file) and prints the table
+bench/README.md quotes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import harness
 
-from core.prediction import priors, records  # noqa: E402
-from core.prediction.backtests import HeldOut as Miss  # noqa: E402
-from core.prediction.bands import lognormal_band  # noqa: E402
-from core.prediction.laws import calibrate_ppl, strict_ppl  # noqa: E402
+from core.prediction import priors, records
+from core.prediction.backtests import HeldOut as Miss
+from core.prediction.bands import lognormal_band
+from core.prediction.laws import calibrate_ppl, strict_ppl
 
 LEVEL = 0.95
 SMOL, GEMMA = "smollm2-135m", "gemma-3-270m"
@@ -222,10 +219,9 @@ def _cell(numbers: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    args = harness.parser(__doc__, "law_records", threads=None).parse_args()
     out = run()
-    target = REPO_ROOT / "bench" / "out" / "law_records.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(out, indent=2))
+    harness.finish_report(args.out, harness.start_report(with_torch=False, **out))
     print("| method | record | points (curves, models) | before | after |")
     print("|---|---|---|---|---|")
     for method, modes in out["methods"].items():
@@ -233,7 +229,6 @@ def main() -> None:
             after = pair["after"]
             counts = f"{after['points']} ({after['curves']}, {after['models']})"
             print(f"| {method} | {mode} | {counts} | {_cell(pair['before'])} | {_cell(after)} |")
-    print(f"wrote {target}")
 
 
 if __name__ == "__main__":

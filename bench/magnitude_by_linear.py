@@ -19,29 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import sys
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.architectures import detect_family  # noqa: E402
-from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluation.perplexity import perplexity  # noqa: E402
-from workers.loading import load_model, refresh_model  # noqa: E402
-from workers.pruning.linears import block_linears, weight_out_in  # noqa: E402
-from workers.pruning.magnitude import magnitude_scores, prune_linear_by_magnitude  # noqa: E402
-from workers.pruning.masks import UNSTRUCTURED, layer_mask  # noqa: E402
+from core.settings import Settings
+from workers.architectures import detect_family
+from workers.evaluation.perplexity import perplexity
+from workers.loading import refresh_model
+from workers.pruning.linears import block_linears, weight_out_in
+from workers.pruning.magnitude import magnitude_scores, prune_linear_by_magnitude
+from workers.pruning.masks import UNSTRUCTURED, layer_mask
 
 SEQLEN = 512
 SHARE_WINDOWS = 2
@@ -85,9 +74,8 @@ def output_error_shares(model: torch.nn.Module, windows: torch.Tensor, sparsity:
 
 
 def measure(model_name: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    loaded = load_model(resolve_model(model_name, settings), settings, dtype="float32", device="cpu")
-    ids = tokenize_corpus(loaded.tokenizer, load_wikitext2_test(settings), settings=settings)
-    windows = ids[: args.windows * SEQLEN].view(args.windows, SEQLEN)
+    loaded = harness.load_dense(model_name, settings)
+    windows = harness.wikitext_ids(loaded, settings)[: args.windows * SEQLEN].view(args.windows, SEQLEN)
 
     def nll() -> float:
         return perplexity(loaded.model, windows.reshape(-1), seqlen=SEQLEN, max_windows=args.windows).nll_mean
@@ -118,34 +106,25 @@ def measure(model_name: str, args: argparse.Namespace, settings: Settings) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    made = harness.parser(__doc__, "magnitude_by_linear")
+    harness.add_models_args(made)
+    made.add_argument("--sparsity", type=float, default=0.4)
+    made.add_argument("--windows", type=int, default=8)
+    args, settings = harness.parse_engine(made)
+    result = harness.start_report(
+        protocol={
+            "method": "magnitude (per layer)",
+            "sparsity": args.sparsity,
+            "windows": args.windows,
+            "seqlen": SEQLEN,
+            "share_windows": SHARE_WINDOWS,
+            "dtype": "float32",
+            "threads": args.threads,
+        }
     )
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
-    parser.add_argument("--sparsity", type=float, default=0.4)
-    parser.add_argument("--windows", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "magnitude_by_linear.json")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    settings = Settings()
-    protocol = {
-        "method": "magnitude (per layer)",
-        "sparsity": args.sparsity,
-        "windows": args.windows,
-        "seqlen": SEQLEN,
-        "share_windows": SHARE_WINDOWS,
-        "dtype": "float32",
-        "threads": args.threads,
-    }
-    result: dict[str, Any] = {
-        "protocol": protocol,
-        "platform": platform.platform(),
-        "models": {name: measure(name, args, settings) for name in args.models},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    result["models"] = {name: measure(name, args, settings) for name in args.models}
+    harness.finish_report(args.out, result)
+    print(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

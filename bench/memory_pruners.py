@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import harness
 
 CHILD = r"""
 import gc, json, os, resource, sys, time
@@ -100,27 +97,19 @@ def predicted_extra(
 
 
 def run_child(repo: Path, engine: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env |= dict(item.split("=", 1) for item in args.child_env)
+    env = harness.child_env(args, repo) | dict(item.split("=", 1) for item in args.child_env)
     command = [sys.executable, "-c", CHILD, engine, str(args.sequences), str(args.length), str(args.threads)]
-    done = subprocess.run(
-        command, cwd=repo, env=env, capture_output=True, text=True, timeout=3600, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{engine} in {repo} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return harness.child_json(command, repo, env, timeout_s=3600, label=engine)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare against")
-    parser.add_argument("--engines", nargs="*", default=["wanda", "sparsegpt", "slicing"])
-    parser.add_argument("--sequences", type=int, default=128)
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
+    made = harness.parser(__doc__, "memory_pruners", threads=1)
+    harness.add_store_args(made)
+    made.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare against")
+    made.add_argument("--engines", nargs="*", default=["wanda", "sparsegpt", "slicing"])
+    made.add_argument("--sequences", type=int, default=128)
+    made.add_argument("--length", type=int, default=512)
+    made.add_argument(
         "--child-env",
         nargs="*",
         default=[],
@@ -128,19 +117,17 @@ def main() -> None:
         help="environment of every run, e.g. MALLOC_MMAP_THRESHOLD_=1048576 (glibc returns each freed "
         "buffer of 1 MiB or more at once, so the peak is the live tensors')",
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "memory_pruners.json")
-    args = parser.parse_args()
+    args = made.parse_args()
     config = {"hidden_size": 576, "intermediate_size": 1536}  # SmolLM2-135M
-    checkouts = {"after": REPO_ROOT} | ({"before": args.before.resolve()} if args.before else {})
-    result: dict[str, Any] = {
-        "model": "smollm2-135m",
-        "calibration": {"sequences": args.sequences, "length": args.length, "batch_size": 8},
-        "threads": args.threads,
-        "child_env": args.child_env,
-        "platform": platform.platform(),
-        "load_average_start": os.getloadavg(),
-        "runs": {},
-    }
+    checkouts = {"after": harness.REPO_ROOT} | ({"before": args.before.resolve()} if args.before else {})
+    harness.use_threads(args.threads)  # the children's count, recorded in the environment
+    result = harness.start_report(
+        model="smollm2-135m",
+        calibration={"sequences": args.sequences, "length": args.length, "batch_size": 8},
+        threads=args.threads,
+        child_env=args.child_env,
+        runs={},
+    )
     for engine in args.engines:
         entry: dict[str, Any] = {
             "predicted_extra": predicted_extra(engine, args.sequences, args.length, config)
@@ -149,10 +136,8 @@ def main() -> None:
             entry[label] = run_child(repo, engine, args)
             print(engine, label, json.dumps(entry[label]), flush=True)
         result["runs"][engine] = entry
-    result["load_average_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    harness.finish_report(args.out, result)
+    print(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

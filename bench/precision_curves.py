@@ -27,66 +27,43 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+from fastapi.testclient import TestClient
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-from fastapi.testclient import TestClient  # noqa: E402
-from first_contact import checkpoint, embedded_store, run  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.prediction.paired_windows import DEFAULT_PRECISION, ESTIMATORS, UNPAIRED, estimate  # noqa: E402
+from app.main import create_app
+from core.prediction.paired_windows import DEFAULT_PRECISION, ESTIMATORS, UNPAIRED, estimate
 
 SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--home", type=Path, required=True, help="a fresh store (SQLite) and job files")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--methods", nargs="+", default=["wanda", "magnitude", "slicegpt"])
-    parser.add_argument("--windows", type=int, default=40)
-    parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--calibration-sequences", type=int, default=32)
-    parser.add_argument("--prune-sparsity", type=float, default=0.4)
-    parser.add_argument(
+    made = harness.parser(__doc__, "precision_curves")
+    harness.add_store_args(made, home="required")
+    harness.add_model_args(made)
+    made.add_argument("--methods", nargs="+", default=["wanda", "magnitude", "slicegpt"])
+    made.add_argument("--windows", type=int, default=40)
+    made.add_argument("--seqlen", type=int, default=512)
+    made.add_argument("--calibration-sequences", type=int, default=32)
+    made.add_argument("--prune-sparsity", type=float, default=0.4)
+    made.add_argument(
         "--prune-only",
         action="store_true",
         help="per method only a prune on every window and one at the default precision (no curves)",
     )
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--timeout-s", type=float, default=7200.0)
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
-    parser.add_argument(
+    made.add_argument("--timeout-s", type=float, default=7200.0)
+    made.add_argument(
         "--study-only",
         action="store_true",
         help="only the estimator study, on the per-window NLL an earlier run wrote to --out",
     )
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    made.set_defaults(out=None)
+    args = made.parse_args()
     if args.out is None:
-        args.out = REPO_ROOT / "bench" / "out" / f"precision_curves-{args.model}.json"
+        args.out = harness.OUT_DIR / f"precision_curves-{args.model}.json"
     return args
 
 
@@ -100,11 +77,8 @@ def common(args: argparse.Namespace, precision: float | None) -> dict[str, Any]:
 
 
 def submit(client: TestClient, body: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    response = client.post("/v1/jobs", json=body)
-    response.raise_for_status()
-    job = run(client, response.json()["id"], args)
-    rows = client.get(f"/v1/jobs/{job['id']}/results", params={"limit": 200}).json()["items"]
-    job["rows"] = [r for r in rows if r["metric"] == "ppl"]
+    job = harness.submit(client, body, args.timeout_s)
+    job["rows"] = [r for r in job["rows"] if r["metric"] == "ppl"]
     return job
 
 
@@ -187,7 +161,7 @@ def run_curves(
     )
     truth = curve(sweep, "measured")
     entry["sweep"] = {"wall_s": sweep["wall_s"], "curve": truth}
-    checkpoint(args, report)
+    harness.write_report(args.out, report)
     ways = {}
     ways_asked = (("simulate_every_window", None), ("simulate_default_precision", DEFAULT_PRECISION))
     for name, precision in ways_asked:
@@ -200,7 +174,7 @@ def run_curves(
             "timings": next(iter(ways[name].values()))["timings"],
             "curve": ways[name],
         }
-        checkpoint(args, report)
+        harness.write_report(args.out, report)
     entry["simulate_every_window"] |= compare(ways["simulate_every_window"], truth, None)
     entry["simulate_default_precision"] |= compare(
         ways["simulate_default_precision"], truth, ways["simulate_every_window"]
@@ -266,18 +240,14 @@ def main() -> None:
     if args.study_only:
         earlier: dict[str, Any] = json.loads(args.out.read_text())
         earlier["estimator_study"] = estimator_study(earlier)
-        checkpoint(args, earlier)
+        harness.write_report(args.out, earlier)
         for key, row in earlier["estimator_study"].items():
             print(key, row)
         return
-    settings = embedded_store(args)
-    report: dict[str, Any] = {
-        "model": args.model,
-        "protocol": common(args, None),
-        "default_precision": DEFAULT_PRECISION,
-        "load_average_start": list(os.getloadavg()),
-        "methods": {},
-    }
+    settings = harness.embedded_store(args)
+    report = harness.start_report(
+        model=args.model, protocol=common(args, None), default_precision=DEFAULT_PRECISION, methods={}
+    )
     with TestClient(create_app(settings, start_background=False)) as client:
         evaluate = {key: value for key, value in common(args, None).items() if key != "calibration"}
         dense = submit(client, {"kind": "evaluate", **evaluate}, args)
@@ -286,7 +256,7 @@ def main() -> None:
             "ppl": dense["rows"][0]["value"],
             "window_nll": dense["rows"][0]["protocol"]["window_nll"],
         }
-        checkpoint(args, report)
+        harness.write_report(args.out, report)
         for method in args.methods:
             entry: dict[str, Any] = report["methods"].setdefault(method, {})
             if args.prune_only:
@@ -296,10 +266,9 @@ def main() -> None:
                 entry["prune_default_precision"] = prune_to_precision(client, args, method, row["value"])
             else:
                 run_curves(client, args, method, entry, report)
-            checkpoint(args, report)
-    report["load_average_end"] = list(os.getloadavg())
+            harness.write_report(args.out, report)
     report["estimator_study"] = estimator_study(report)
-    checkpoint(args, report)
+    harness.finish_report(args.out, report)
     print(summary(report))
 
 

@@ -38,21 +38,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-TERMINAL = ("succeeded", "failed", "canceled")
 CALIBRATION = {"num_sequences": 128, "seqlen": 512, "batch_size": 8}
 SPARSITIES = [0.1, 0.2, 0.3, 0.4, 0.5]
 ANCHOR = 0.2
@@ -60,11 +54,9 @@ COST_STEPS = ["dense", "profile", "profile-without-masks", "slice", "wanda"]
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--home", type=Path, required=True, help="the store the sweeps wrote (SQLite)")
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = harness.parser(__doc__, "predict_smollm2")
+    harness.add_store_args(parser, home="required")
+    harness.add_model_args(parser)
     parser.add_argument("--method", default="slicegpt", help="whose sweeps are backtested and predicted")
     parser.add_argument("--sparsities", type=float, nargs="+", default=SPARSITIES, help="profiled")
     parser.add_argument("--anchor", type=float, default=ANCHOR, help="the one-point headline's point")
@@ -85,28 +77,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--calibration-sequences", type=int, default=CALIBRATION["num_sequences"])
     parser.add_argument("--calibration-seed", type=int, default=None, help="default: the job's seed, 42")
     parser.add_argument("--measured-seed", type=int, default=1234)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-profiles", action="store_true", help="reuse the profiles in the store")
     parser.add_argument("--skip-cost", action="store_true")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
     parser.add_argument("--cost-step", choices=COST_STEPS, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "predict_smollm2.json")
     return parser.parse_args()
-
-
-def settings_for(args: argparse.Namespace) -> Any:
-    from core.settings import Settings
-
-    return Settings(home=args.home, cache_dir=args.cache_dir, data_dir=args.data_dir, log_format="console")
 
 
 # ------------------------------------------------------------------------------------------ cost
@@ -124,8 +98,8 @@ def cost_step(args: argparse.Namespace) -> None:
     from workers.pruning.engine import prune_model
     from workers.slicing.engine import slice_model
 
-    torch.set_num_threads(args.threads)
-    settings = settings_for(args)
+    harness.use_threads(args.threads)
+    settings = harness.settings_for(args)
     loaded = load_model(resolve_model(args.model, settings), settings, dtype="auto", device="cpu")
     corpus = calibration_corpus(args.corpora[0], None, settings)
     batch = build_calibration(
@@ -240,24 +214,9 @@ def measure_cost(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_profile(client: Any, body: dict[str, Any]) -> dict[str, Any]:
-    job = client.post("/v1/jobs", json=body)
-    job.raise_for_status()
-    job_id = job.json()["id"]
-    started, last = time.perf_counter(), None
-    while True:
-        state = client.get(f"/v1/jobs/{job_id}").json()
-        if (state["stage"], state["detail"]) != last:
-            last = (state["stage"], state["detail"])
-            print(
-                f"[{time.perf_counter() - started:7.1f}s] profile {body['calibration']['corpus']}: {last}",
-                flush=True,
-            )
-        if state["status"] in TERMINAL:
-            break
-        time.sleep(2.0)
-    if state["status"] != "succeeded":
-        raise SystemExit(f"profile {state['status']}: {state['error']}")
-    return {"job_id": job_id, "wall_s": round(time.perf_counter() - started, 1)}
+    print(f"profile on {body['calibration']['corpus']}", flush=True)
+    job = harness.submit(client, body, math.inf)
+    return {"job_id": job["id"], "wall_s": job["wall_s"]}
 
 
 def taylor_tracking(client: Any, model: str, corpus: str) -> dict[str, Any]:
@@ -356,30 +315,14 @@ def main() -> None:
     if args.cost_step:
         cost_step(args)
         return
-    import torch
-    import transformers
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from core.migrate import upgrade
 
-    torch.set_num_threads(args.threads)
-    report: dict[str, Any] = {
-        "load_average_start": list(os.getloadavg()),
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-        },
-        "calibration": CALIBRATION,
-        "sparsities": args.sparsities,
-        "model": args.model,
-        "method": args.method,
-    }
-    settings = settings_for(args)
-    upgrade(settings.store_url)
+    report = harness.start_report(
+        calibration=CALIBRATION, sparsities=args.sparsities, model=args.model, method=args.method
+    )
+    settings = harness.embedded_store(args)
     with TestClient(create_app(settings, start_background=False)) as client:
         if not args.skip_profiles:
             report["profiles"] = {
@@ -423,9 +366,7 @@ def main() -> None:
         report["prediction"] = answer.json()
     if not args.skip_cost:
         report["cost"] = measure_cost(args)
-    report["load_average_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    harness.finish_report(args.out, report)
     for row in report["headline_summary"]:
         print(json.dumps(row))
     print(json.dumps(report.get("cost", {})))

@@ -31,11 +31,9 @@ averages at start and end.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -43,22 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import harness
 
-import psycopg  # noqa: E402
-
-from core.migrate import upgrade  # noqa: E402
-from core.prediction.anchoring import SIMULATED_ROLE  # noqa: E402
-from core.prediction.fits import MeasuredPoint, ppl_fit  # noqa: E402
-from core.store import Store  # noqa: E402
-from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result  # noqa: E402
+from core.prediction.anchoring import SIMULATED_ROLE
+from core.prediction.fits import MeasuredPoint, ppl_fit
+from core.store import Store
+from core.tables import SIMULATED_SOURCE, Job, JobStatus, Result
 
 MODEL = "facebook/opt-125m"
 TARGET_P50_MS = 5.0
@@ -96,22 +89,6 @@ def lua_string(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the store
-
-
-@contextmanager
-def scratch_database(admin_url: str) -> Iterator[str]:
-    """A fresh, migrated database, dropped afterwards (as tests/conftest.py pg_url does)."""
-    name = f"prunecast_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = admin_url.rsplit("/", 1)[0]
-    url = f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def seed(url: str, background_models: int, curves: int = 12) -> int:
@@ -208,7 +185,12 @@ def api_server(url: str, workers: int, log_path: Path) -> Iterator[str]:
     ]  # fmt: skip
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=harness.REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -365,27 +347,19 @@ def healthz_ratios(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def environment() -> dict[str, Any]:
+def service_versions() -> dict[str, Any]:
+    """The versions that set the service's speed, beside the harness's machine facts."""
     import fastapi
     import pydantic
     import sqlalchemy
     import uvicorn
 
-    return {
-        "python": platform.python_version(),
-        "fastapi": fastapi.__version__,
-        "pydantic": pydantic.__version__,
-        "sqlalchemy": sqlalchemy.__version__,
-        "uvicorn": uvicorn.__version__,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-    }
+    versions = (fastapi, pydantic, sqlalchemy, uvicorn)
+    return {module.__name__: module.__version__ for module in versions}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = harness.parser(__doc__, "predictions_load", threads=None)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="uvicorn worker counts")
     parser.add_argument(
         "--connections", type=int, nargs="+", default=[1, 2, 8], help="concurrent connections"
@@ -395,24 +369,23 @@ def main() -> int:
     parser.add_argument("--background-models", type=int, default=200)
     parser.add_argument(
         "--pg-admin-url",
-        default=os.environ.get("PRUNECAST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"),
+        default=harness.PG_ADMIN_URL,
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "predictions_load.json")
     args = parser.parse_args()
     duration = min(max(args.duration, 1.0), 60.0)
     wrk = shutil.which("wrk")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log_path = args.out.with_suffix(".server.log")
-    report: dict[str, Any] = {
-        "targets": {"p50_ms": TARGET_P50_MS, "rps": TARGET_RPS},
-        "load_tool": "wrk" if wrk else "httpx (wrk not found: apt-get install wrk)",
-        "duration_s_per_run": duration if wrk else None,
-        "requests_per_run": None if wrk else args.requests,
-        "load_average_start": os.getloadavg(),
-        "environment": environment(),
-        "runs": [],
-    }
-    with scratch_database(args.pg_admin_url) as url:
+    report = harness.start_report(
+        with_torch=False,
+        targets={"p50_ms": TARGET_P50_MS, "rps": TARGET_RPS},
+        load_tool="wrk" if wrk else "httpx (wrk not found: apt-get install wrk)",
+        duration_s_per_run=duration if wrk else None,
+        requests_per_run=None if wrk else args.requests,
+        versions=service_versions(),
+        runs=[],
+    )
+    with harness.scratch_database(args.pg_admin_url) as url:
         report["seeded_rows"] = seed(url, args.background_models)
         for workers in args.workers:
             with api_server(url, workers, log_path) as base:
@@ -433,7 +406,6 @@ def main() -> int:
                             f"p99 {result['p99_ms']:6.2f}  errors {result['errors']}",
                             file=sys.stderr,
                         )
-    report["load_average_end"] = os.getloadavg()
     store_runs = [r for r in report["runs"] if r["endpoint"] == "predictions, store points"]
     report["summary"] = {
         "best_rps_store": max((r["rps"] for r in store_runs), default=None),
@@ -448,7 +420,7 @@ def main() -> int:
             "p99_ms_at_8_max": TARGET_P99_MS_AT_8,
         },
     }
-    args.out.write_text(json.dumps(report, indent=2))
+    harness.finish_report(args.out, report)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -30,34 +30,20 @@ fractions with their intervals, and prints the summary table.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.probe_conventions import CONVENTIONS  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
-from workers.environment import run_environment  # noqa: E402
-from workers.loading import load_copy, load_model  # noqa: E402
-from workers.probing import BUILTIN_PROMPTS, ProbeRecord, counterfactual_probe, generation_probe  # noqa: E402
-from workers.probing.decoding import decoding_counterfactual_probe, teacher_forced_probe  # noqa: E402
-from workers.pruning import prune_model  # noqa: E402
+from core.probe_conventions import CONVENTIONS
+from core.settings import Settings
+from workers.probing import BUILTIN_PROMPTS, ProbeRecord, counterfactual_probe, generation_probe
+from workers.probing.decoding import decoding_counterfactual_probe, teacher_forced_probe
 
 SUBLAYERS = ("attention", "mlp")  # the cells the authors' code measures
 SPACES = ("embedding", "logits", "probs")
@@ -65,34 +51,33 @@ Cell = tuple[int, str]  # (layer, sublayer)
 AT_STEPS = "prunecast-at-steps"
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument(
+def parse_args() -> tuple[argparse.Namespace, Settings]:
+    made = harness.parser(__doc__, "probe_findings")
+    made.set_defaults(out=None)  # bench/out/probe_findings_<model>.json
+    harness.add_model_args(made)
+    harness.add_store_args(made)
+    harness.add_calibration_args(made, sequences=32, length=512)
+    made.add_argument(
         "--prunings",
         nargs="+",
         default=["wanda-50%", "wanda-2:4", "magnitude-50%", "attention-drop-4", "attention-drop-8"],
     )
-    parser.add_argument(
+    made.add_argument(
         "--conventions",
         nargs="+",
         default=list(CONVENTIONS),
         help=f"of {', '.join(CONVENTIONS)}, or {AT_STEPS}: prunecast's rules read where the code reads "
         "(decoding steps, the dense model greedy), which separates the reading from the positions",
     )
-    parser.add_argument("--prompts", type=int, default=len(BUILTIN_PROMPTS), help="first N built-in prompts")
-    parser.add_argument(
+    made.add_argument("--prompts", type=int, default=len(BUILTIN_PROMPTS), help="first N built-in prompts")
+    made.add_argument(
         "--decoding-steps", type=int, default=6, help="steps of generation and of the code's reading"
     )
-    parser.add_argument("--calibration-sequences", type=int, default=32)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--bootstrap", type=int, default=2000, help="resamples of the prompts")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=None)
-    return parser.parse_args()
+    made.add_argument("--bootstrap", type=int, default=2000, help="resamples of the prompts")
+    made.add_argument(
+        "--seed", type=int, default=42, help="the calibration's, the sampling's and the bootstrap's"
+    )
+    return harness.parse_engine(made)
 
 
 def pruning_spec(name: str, layers: int) -> tuple[str, float, str]:
@@ -241,49 +226,19 @@ def run_convention(
     temperature = convention.temperature
     per_prompt, free, forced = [], [], []
     started = time.perf_counter()
+    rules = {"temperature": temperature, "convention": convention}
+    steps = {"max_new_tokens": args.decoding_steps, **rules}
     for index, ids in enumerate(input_ids):
         if at_steps:
             records = decoding_counterfactual_probe(
-                dense,
-                pruned,
-                layer_map,
-                [ids],
-                max_new_tokens=args.decoding_steps,
-                temperature=temperature,
-                sublayers=SUBLAYERS,
-                convention=convention,
-                seed=args.seed + index,
+                dense, pruned, layer_map, [ids], sublayers=SUBLAYERS, seed=args.seed + index, **steps
             )
         else:
-            records = counterfactual_probe(
-                dense,
-                pruned,
-                layer_map,
-                [ids],
-                temperature=temperature,
-                sublayers=SUBLAYERS,
-                convention=convention,
-            )
+            records = counterfactual_probe(dense, pruned, layer_map, [ids], sublayers=SUBLAYERS, **rules)
         per_prompt.append(cell_values(records))
-        generated = generation_probe(
-            dense,
-            pruned,
-            layer_map,
-            [ids],
-            max_new_tokens=args.decoding_steps,
-            temperature=temperature,
-            seed=args.seed + index,
-            convention=convention,
-        )
+        generated = generation_probe(dense, pruned, layer_map, [ids], seed=args.seed + index, **steps)
         free.append(output_kl_by_step(generated, "generation-greedy"))
-        teacher = teacher_forced_probe(
-            dense,
-            pruned,
-            [ids],
-            max_new_tokens=args.decoding_steps,
-            temperature=temperature,
-            convention=convention,
-        )
+        teacher = teacher_forced_probe(dense, pruned, [ids], **steps)
         forced.append(output_kl_by_step(teacher, "generation-teacher-forced"))
         print(
             f"  {name}: {index + 1}/{len(input_ids)}, {time.perf_counter() - started:.0f} s",
@@ -372,69 +327,48 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
+    args, settings = parse_args()
     torch.manual_seed(args.seed)
-    out = args.out or REPO_ROOT / "bench" / "out" / f"probe_findings_{args.model}.json"
-    settings = Settings()
-    dense = load_model(resolve_model(args.model, settings), settings, dtype="float32", device="cpu")
+    out = args.out or harness.OUT_DIR / f"probe_findings_{args.model}.json"
+    dense = harness.load_dense(args.model, settings)
     layers = int(dense.model.config.num_hidden_layers)
-    prompts = BUILTIN_PROMPTS[: args.prompts]
-    input_ids = [dense.tokenizer(p.text, return_tensors="pt").input_ids[0] for p in prompts]
-    corpus = calibration_corpus("boolq-passages", None, settings)
-    calibration = build_calibration(
-        dense.tokenizer,
-        corpus,
-        num_sequences=args.calibration_sequences,
-        seqlen=args.calibration_length,
-        seed=args.seed,
-        settings=settings,
-    )
-    result: dict[str, Any] = {
-        "model": args.model,
-        "layers": layers,
-        "prompts": len(input_ids),
-        "prompt_tokens": sum(int(ids.numel()) for ids in input_ids),
-        "decoding_steps": args.decoding_steps,
-        "sublayers": list(SUBLAYERS),
-        "calibration": {
-            "corpus": "boolq-passages",
+    input_ids = [
+        dense.tokenizer(p.text, return_tensors="pt").input_ids[0] for p in BUILTIN_PROMPTS[: args.prompts]
+    ]
+    calibration = harness.calibration_for(dense, settings, args, args.seed)
+    result = harness.start_report(
+        model=args.model,
+        layers=layers,
+        prompts=len(input_ids),
+        prompt_tokens=sum(int(ids.numel()) for ids in input_ids),
+        decoding_steps=args.decoding_steps,
+        sublayers=list(SUBLAYERS),
+        calibration={
+            "corpus": args.calibration_corpus,
             "sequences": args.calibration_sequences,
             "length": args.calibration_length,
-            "seed": args.seed,
+            "seed": calibration.record["seed"],
         },
-        "bootstrap_resamples": args.bootstrap,
-        "conventions": {
+        bootstrap_resamples=args.bootstrap,
+        conventions={
             name: {
                 **CONVENTIONS["prunecast" if name == AT_STEPS else name].rules(),
                 "at_steps": name == AT_STEPS,
             }
             for name in args.conventions
         },
-        "threads": args.threads,
-        "load_average_start": os.getloadavg(),
-        "environment": {**run_environment(dense.device), "platform": platform.platform()},
-        "prunings": {},
-    }
+        threads=args.threads,
+        prunings={},
+    )
     for name in args.prunings:
         method, sparsity, pattern = pruning_spec(name, layers)
         print(f"{name}: pruning ({method}, {sparsity:.4g}, {pattern})", flush=True)
-        pruned = load_copy(dense)
-        started = time.perf_counter()
-        report = prune_model(
-            pruned.model,
-            method,
-            sparsity,
-            pattern=pattern,
-            calibration_ids=calibration.input_ids,
-            attention_mask=calibration.attention_mask,
-            batch_size=8,
-        )
+        pruned, report, pruning_s = harness.prune_copy(dense, method, sparsity, calibration, pattern)
         entry: dict[str, Any] = {
             "method": method,
             "sparsity": sparsity,
             "pattern": pattern,
-            "pruning_s": round(time.perf_counter() - started, 1),
+            "pruning_s": round(pruning_s, 1),
             "conventions": {},
         }
         for convention in args.conventions:
@@ -443,11 +377,9 @@ def main() -> None:
             )
         result["prunings"][name] = entry
         del pruned
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))  # after every pruning: a long run keeps its progress
-    result["load_average_end"] = os.getloadavg()
+        harness.write_report(out, result)  # after every pruning: a long run keeps its progress
     result["table"] = table(result)
-    out.write_text(json.dumps(result, indent=1))
+    harness.finish_report(out, result)
     plot(result, out.with_suffix(".png"))
     print(result["table"])
 

@@ -33,31 +33,19 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import platform
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from app.schemas.probes import ProbePointPublic  # noqa: E402
-from app.views.probe_plots import NoProbePoints, build_figure, figure_png  # noqa: E402
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
-from workers.environment import run_environment  # noqa: E402
-from workers.loading import load_copy, load_model  # noqa: E402
-from workers.probing import (  # noqa: E402
+from app.schemas.probes import ProbePointPublic
+from app.views.probe_plots import NoProbePoints, build_figure, figure_png
+from core.settings import Settings
+from workers.probing import (
     BUILTIN_PROMPTS,
     ProbeRecord,
     counterfactual_probe,
@@ -65,38 +53,29 @@ from workers.probing import (  # noqa: E402
     mc_subspace_probe,
     model_probe,
 )
-from workers.probing.decoding import (  # noqa: E402
-    TEACHER_FORCED,
-    decoding_counterfactual_probe,
-    teacher_forced_probe,
-)
-from workers.pruning import prune_model  # noqa: E402
+from workers.probing.decoding import TEACHER_FORCED, decoding_counterfactual_probe, teacher_forced_probe
 
 SPACES = ("embedding", "logits", "probs")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--calibration-sequences", type=int, default=32)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--attention-layers", type=int, default=8, help="attention branches to drop")
-    parser.add_argument("--wanda-sparsity", type=float, default=0.5)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument(
+def parse_args() -> tuple[argparse.Namespace, Settings]:
+    made = harness.parser(__doc__, "probe_smollm2")
+    harness.add_model_args(made)
+    harness.add_store_args(made)
+    harness.add_calibration_args(made, sequences=32, length=512)
+    made.add_argument("--attention-layers", type=int, default=8, help="attention branches to drop")
+    made.add_argument("--wanda-sparsity", type=float, default=0.5)
+    made.add_argument("--max-new-tokens", type=int, default=24)
+    made.add_argument(
         "--decoding-steps",
         type=int,
         default=8,
         help="counterfactual and teacher forcing at this many steps of the dense greedy generation; 0: none",
     )
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--plots", action="store_true", help="also write the points and PNG plots")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "probe_smollm2.json")
-    return parser.parse_args()
+    made.add_argument("--temperature", type=float, default=1.0)
+    made.add_argument("--seed", type=int, default=42, help="the calibration's and the sampling's seed")
+    made.add_argument("--plots", action="store_true", help="also write the points and PNG plots")
+    return harness.parse_engine(made)
 
 
 @torch.no_grad()
@@ -238,96 +217,52 @@ def write_plots(folder: Path, name: str, records: list[ProbeRecord]) -> None:
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
+    args, settings = parse_args()
     torch.manual_seed(args.seed)
-    settings = Settings()
-    source = resolve_model(args.model, settings)
-    dense = load_model(source, settings, dtype="float32", device="cpu")
+    dense = harness.load_dense(args.model, settings)
     num_layers = int(dense.model.config.num_hidden_layers)
     input_ids = [dense.tokenizer(p.text, return_tensors="pt").input_ids[0] for p in BUILTIN_PROMPTS]
-    corpus = calibration_corpus("boolq-passages", None, settings)
-    calibration = build_calibration(
-        dense.tokenizer,
-        corpus,
-        num_sequences=args.calibration_sequences,
-        seqlen=args.calibration_length,
-        seed=args.seed,
-        settings=settings,
-    )
+    calibration = harness.calibration_for(dense, settings, args, args.seed)
     unit = dense_pass_s(dense.model, input_ids)
     head_unit = head_s(dense.model, input_ids)
-    result: dict[str, Any] = {
-        "model": args.model,
-        "layers": num_layers,
-        "prompts": len(input_ids),
-        "prompt_tokens": sum(int(ids.numel()) for ids in input_ids),
-        "calibration": {"sequences": args.calibration_sequences, "length": args.calibration_length},
-        "temperature": args.temperature,
-        "dense_pass_s": unit,
-        "head_pass_s": head_unit,
-        "threads": args.threads,
-        "load_average_start": os.getloadavg(),
-        "environment": {**run_environment(dense.device), "platform": platform.platform()},
-        "prunings": {},
-    }
+    result = harness.start_report(
+        model=args.model,
+        layers=num_layers,
+        prompts=len(input_ids),
+        prompt_tokens=sum(int(ids.numel()) for ids in input_ids),
+        calibration={"sequences": args.calibration_sequences, "length": args.calibration_length},
+        temperature=args.temperature,
+        dense_pass_s=unit,
+        head_pass_s=head_unit,
+        threads=args.threads,
+        prunings={},
+    )
     prunings = {
         f"wanda-{args.wanda_sparsity:g}": ("wanda", args.wanda_sparsity),
         f"attention-drop-{args.attention_layers}": ("attention-drop", args.attention_layers / num_layers),
     }
     for name, (method, sparsity) in prunings.items():
-        pruned = load_copy(dense)
+        pruned, report, pruning_s = harness.prune_copy(dense, method, sparsity, calibration)
+        models, layer_map, temperature = (dense.model, pruned.model), list(report.layer_map), args.temperature
         started = time.perf_counter()
-        report = prune_model(
-            pruned.model,
-            method,
-            sparsity,
-            calibration_ids=calibration.input_ids,
-            attention_mask=calibration.attention_mask,
-            batch_size=8,
-        )
-        pruning_s = time.perf_counter() - started
-        started = time.perf_counter()
-        counterfactual = counterfactual_probe(
-            dense.model, pruned.model, list(report.layer_map), input_ids, temperature=args.temperature
-        )
+        counterfactual = counterfactual_probe(*models, layer_map, input_ids, temperature=temperature)
         counterfactual_s = time.perf_counter() - started
         started = time.perf_counter()
-        other = model_probe(dense.model, pruned.model, input_ids, temperature=args.temperature)
-        other += generation_probe(
-            dense.model,
-            pruned.model,
-            list(report.layer_map),
-            input_ids,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-        )
+        other = model_probe(*models, input_ids, temperature=temperature)
+        generation = {"max_new_tokens": args.max_new_tokens, "temperature": temperature, "seed": args.seed}
+        other += generation_probe(*models, layer_map, input_ids, **generation)
         choice = [p for p in BUILTIN_PROMPTS if p.options]
-        other += mc_subspace_probe(
-            dense.model, pruned.model, dense.tokenizer, choice, temperature=args.temperature
-        )
+        other += mc_subspace_probe(*models, dense.tokenizer, choice, temperature=temperature)
         other_s = time.perf_counter() - started
         started = time.perf_counter()
         decoding: list[ProbeRecord] = []
         if args.decoding_steps:
-            decoding = decoding_counterfactual_probe(
-                dense.model,
-                pruned.model,
-                list(report.layer_map),
-                input_ids,
-                max_new_tokens=args.decoding_steps,
-                temperature=args.temperature,
-            )
-            other += teacher_forced_probe(
-                dense.model,
-                pruned.model,
-                input_ids,
-                max_new_tokens=args.decoding_steps,
-                temperature=args.temperature,
-            )
+            steps = {"max_new_tokens": args.decoding_steps, "temperature": temperature}
+            decoding = decoding_counterfactual_probe(*models, layer_map, input_ids, **steps)
+            other += teacher_forced_probe(*models, input_ids, **steps)
         decoding_s = time.perf_counter() - started
         sublayers = {r.sublayer for r in counterfactual}
+        readings = len({(r.layer, r.sublayer) for r in counterfactual}) + num_layers
         result["prunings"][name] = {
             "method": method,
             "sparsity": sparsity,
@@ -338,12 +273,8 @@ def main() -> None:
             "counterfactual_sublayers": sorted(str(s) for s in sublayers),
             # A lower bound of the block part: 1 + one block per layer and sublayer probed.
             "block_forward_multiple_lower_bound": 1 + len(sublayers),
-            "logit_lens_readings": len({(r.layer, r.sublayer) for r in counterfactual}) + num_layers,
-            "logit_lens_cost_multiple_estimate": (
-                len({(r.layer, r.sublayer) for r in counterfactual}) + num_layers
-            )
-            * head_unit
-            / unit,
+            "logit_lens_readings": readings,
+            "logit_lens_cost_multiple_estimate": readings * head_unit / unit,
             "other_probes_s": other_s,
             "counterfactual": summarise_counterfactual(counterfactual, num_layers),
             "decoding_steps": args.decoding_steps,
@@ -357,9 +288,7 @@ def main() -> None:
         if args.plots:
             write_plots(args.out.parent, name, counterfactual + other)
         del pruned
-    result["load_average_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    harness.finish_report(args.out, result)
     print(json.dumps(result, indent=2, default=str))
 
 

@@ -28,29 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+from fastapi.testclient import TestClient
+from law_records import CURVES
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-from fastapi.testclient import TestClient  # noqa: E402
-from first_contact import checkpoint, embedded_store, run  # noqa: E402
-from law_records import CURVES  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.prediction import records  # noqa: E402
-from core.prediction.backtests import ONE_POINT, ZERO_CURVE, ZERO_MODEL, feature_predictor  # noqa: E402
-from core.prediction.fits import MeasuredPoint, ppl_fit  # noqa: E402
-from core.prediction.registry import PROFILE_PREDICTORS  # noqa: E402
-from core.store import Store  # noqa: E402
+from app.main import create_app
+from core.prediction import records
+from core.prediction.backtests import ONE_POINT, ZERO_CURVE, ZERO_MODEL, feature_predictor
+from core.prediction.fits import MeasuredPoint, ppl_fit
+from core.prediction.registry import PROFILE_PREDICTORS
+from core.store import Store
 
 CALIBRATION = {"corpus": "boolq-passages", "num_sequences": 128, "seqlen": 512, "seed": 42}
 PROTOCOL = {"seqlen": 512, "max_windows": 40, "dtype": "float32"}
@@ -59,38 +49,31 @@ MODES = (ZERO_MODEL, ONE_POINT, ZERO_CURVE)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--home", type=Path, required=True, help="a fresh store (SQLite) and job files")
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--timeout-s", type=float, default=3600.0, help="per profile job")
-    parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--data-dir", type=Path, default=None)
-    parser.add_argument(
+    made = harness.parser(__doc__, "profile_records")
+    harness.add_store_args(made, home="required")
+    made.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
+    made.add_argument("--timeout-s", type=float, default=3600.0, help="per profile job")
+    made.add_argument(
         "--records-only", action="store_true", help="read the records of a store this script already filled"
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "profile_records.json")
-    return parser.parse_args()
+    return made.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    settings = embedded_store(args)
-    report: dict[str, Any] = {"load_average_start": list(os.getloadavg()), "profiles": {}}
+    settings = harness.embedded_store(args)
+    report = harness.start_report(profiles={})
     if args.records_only:
         report["profiles"] = json.loads(args.out.read_text())["profiles"]
     with TestClient(create_app(settings, start_background=False)) as client:
         for model in [] if args.records_only else args.models:
             report["profiles"][model] = profile(client, model, args)
             store_curves(settings.store_url, model, report["profiles"][model])
-            checkpoint(args, report)
+            harness.write_report(args.out, report)
         report["methods"] = {
             method: method_records(client, method) for method in sorted({c.method for c in CURVES})
         }
-    report["load_average_end"] = list(os.getloadavg())
-    checkpoint(args, report)
+    harness.finish_report(args.out, report)
     print(table(report))
 
 
@@ -98,7 +81,7 @@ def profile(client: TestClient, model: str, args: argparse.Namespace) -> dict[st
     body = {"kind": "profile", "model": model, "calibration": CALIBRATION, "sparsities": SPARSITIES}
     submitted = client.post("/v1/jobs", json=body)
     submitted.raise_for_status()
-    job = run(client, submitted.json()["id"], args)
+    job = harness.run(client, submitted.json()["id"], args.timeout_s)
     stored = client.get(f"/v1/models/{model}/profile").json()
     return {
         "job_id": job["id"],

@@ -16,29 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
-import time
-from pathlib import Path
-from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
-from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.environment import run_environment  # noqa: E402
-from workers.evaluation.perplexity import perplexity  # noqa: E402
-from workers.loading import load_copy, load_model  # noqa: E402
-from workers.pruning import prune_model  # noqa: E402
+from core.settings import Settings
+from workers.evaluation.perplexity import perplexity
 
 # name -> (method, sparsity or number of layers for drops, pattern)
 PRUNINGS: dict[str, tuple[str, float, str]] = {
@@ -55,67 +38,46 @@ PRUNINGS: dict[str, tuple[str, float, str]] = {
 }
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--methods", nargs="*", default=None, help="only the prunings whose name starts so")
-    parser.add_argument("--calibration-sequences", type=int, default=32)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--windows", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "prune_smollm2.json")
-    return parser.parse_args()
+def parse_args() -> tuple[argparse.Namespace, Settings]:
+    made = harness.parser(__doc__, "prune_smollm2")
+    harness.add_model_args(made)
+    harness.add_store_args(made)
+    harness.add_calibration_args(made, sequences=32, length=512)
+    made.add_argument("--methods", nargs="*", default=None, help="only the prunings whose name starts so")
+    made.add_argument("--seqlen", type=int, default=512)
+    made.add_argument("--windows", type=int, default=4)
+    made.add_argument("--seed", type=int, default=42, help="the calibration's seed")
+    return harness.parse_engine(made)
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    settings = Settings()
-    dense = load_model(resolve_model(args.model, settings), settings, dtype="float32", device="cpu")
+    args, settings = parse_args()
+    dense = harness.load_dense(args.model, settings)
     layers = int(dense.model.config.num_hidden_layers)
-    corpus = load_wikitext2_test(settings)
-    token_ids = tokenize_corpus(dense.tokenizer, corpus, settings=settings)
-    calibration = build_calibration(
-        dense.tokenizer,
-        calibration_corpus("boolq-passages", None, settings),
-        num_sequences=args.calibration_sequences,
-        seqlen=args.calibration_length,
-        seed=args.seed,
-        settings=settings,
-    )
+    token_ids = harness.wikitext_ids(dense, settings)
+    calibration = harness.calibration_for(dense, settings, args, args.seed)
 
     def ppl(model: torch.nn.Module) -> float:
         return perplexity(model, token_ids, seqlen=args.seqlen, max_windows=args.windows, batch_size=1).ppl
 
-    result: dict[str, Any] = {
-        "model": args.model,
-        "protocol": {"dataset": "wikitext2", "seqlen": args.seqlen, "windows": args.windows},
-        "calibration": {"sequences": args.calibration_sequences, "length": args.calibration_length},
-        "dense_ppl": ppl(dense.model),
-        "threads": args.threads,
-        "load_average_start": os.getloadavg(),
-        "environment": {**run_environment(dense.device), "platform": platform.platform()},
-        "prunings": {},
-    }
+    result = harness.start_report(
+        model=args.model,
+        protocol={"dataset": "wikitext2", "seqlen": args.seqlen, "windows": args.windows},
+        calibration={
+            "corpus": args.calibration_corpus,
+            "sequences": args.calibration_sequences,
+            "length": args.calibration_length,
+            "seed": calibration.record["seed"],
+        },
+        dense_ppl=ppl(dense.model),
+        threads=args.threads,
+        prunings={},
+    )
     for name, (method, amount, pattern) in PRUNINGS.items():
         if args.methods and not any(name.startswith(prefix) for prefix in args.methods):
             continue
         sparsity = amount / layers if amount >= 1 else amount
-        pruned = load_copy(dense)
-        started = time.perf_counter()
-        report = prune_model(
-            pruned.model,
-            method,
-            sparsity,
-            pattern=pattern,
-            calibration_ids=calibration.input_ids,
-            attention_mask=calibration.attention_mask,
-        )
-        pruning_s = time.perf_counter() - started
+        pruned, report, pruning_s = harness.prune_copy(dense, method, sparsity, calibration, pattern)
         result["prunings"][name] = {
             "method": method,
             "pattern": pattern,
@@ -128,10 +90,8 @@ def main() -> None:
         }
         print(name, json.dumps(result["prunings"][name]), flush=True)
         del pruned
-    result["load_average_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    harness.finish_report(args.out, result)
+    print(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

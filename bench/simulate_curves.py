@@ -32,35 +32,24 @@ import copy
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from core.methods import METHODS  # noqa: E402
-from core.model_sources import resolve_model  # noqa: E402
-from core.prediction.anchoring import Anchor, fit_scale  # noqa: E402
-from core.prediction.sampling import sampled_band  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from core.specs.simulate import DEFAULT_BASIS_FRACTION  # noqa: E402
-from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
-from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluation.perplexity import perplexity  # noqa: E402
-from workers.loading import load_model, refresh_model  # noqa: E402
-from workers.pruning import prune_model  # noqa: E402
-from workers.simulation import ANCHOR, SIMULATED, SimulationOptions, simulate_curve  # noqa: E402
-from workers.slicing.engine import slice_model  # noqa: E402
-from workers.slicing.stock import slice_model_stock  # noqa: E402
+from core.methods import METHODS
+from core.prediction.anchoring import Anchor, fit_scale
+from core.prediction.sampling import sampled_band
+from core.settings import Settings
+from core.specs.simulate import DEFAULT_BASIS_FRACTION
+from workers.evaluation.perplexity import perplexity
+from workers.loading import refresh_model
+from workers.pruning import prune_model
+from workers.simulation import ANCHOR, SIMULATED, SimulationOptions, simulate_curve
+from workers.slicing.engine import slice_model
+from workers.slicing.stock import slice_model_stock
 
 SEQLEN = 512
 SLICING = [0.1, 0.2, 0.3, 0.4, 0.5]
@@ -99,14 +88,10 @@ def scored(curve: dict[float, float], truth: dict[float, float], dense: float) -
 class Bench:
     def __init__(self, name: str, args: argparse.Namespace, settings: Settings) -> None:
         self.args = args
-        self.loaded = load_model(resolve_model(name, settings), settings, dtype="float32", device="cpu")
-        tokenizer = self.loaded.tokenizer
-        ids = tokenize_corpus(tokenizer, load_wikitext2_test(settings), settings=settings)
+        self.loaded = harness.load_dense(name, settings)
+        ids = harness.wikitext_ids(self.loaded, settings)
         self.windows = ids[: args.windows * SEQLEN].view(args.windows, SEQLEN)
-        corpus = calibration_corpus("boolq-passages", None, settings)
-        batch = build_calibration(
-            tokenizer, corpus, num_sequences=args.calibration, seqlen=SEQLEN, seed=42, settings=settings
-        )
+        batch = harness.calibration_batch(self.loaded.tokenizer, settings, args.calibration, SEQLEN, 42)
         self.calibration = batch.input_ids
         self.mask = batch.attention_mask
 
@@ -315,58 +300,47 @@ def _floats(curve: dict[Any, float]) -> dict[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
-    parser.add_argument("--calibration", type=int, default=32)
-    parser.add_argument("--windows", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
+    made = harness.parser(__doc__, "simulate_curves")
+    harness.add_models_args(made)
+    made.add_argument("--calibration", type=int, default=32)
+    made.add_argument("--windows", type=int, default=16)
+    made.add_argument(
         "--summary-only", dest="measure", action="store_false", help="recompute the summaries of --out"
     )
-    parser.add_argument(
+    made.add_argument(
         "--no-costs", dest="costs", action="store_false", help="skip the runs that only time the defaults"
     )
-    parser.add_argument("--mask-methods", nargs="*", default=["wanda", "sparsegpt", "magnitude"])
-    parser.add_argument(
+    made.add_argument("--mask-methods", nargs="*", default=["wanda", "sparsegpt", "magnitude"])
+    made.add_argument(
         "--slicing-only", action="store_true", help="per-layer SliceGPT only (stock and masks are skipped)"
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "simulate_curves.json")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    settings = Settings()
+    args, settings = harness.parse_engine(made)
     DEFAULTS["basis_windows"] = max(1, round(DEFAULT_BASIS_FRACTION * args.calibration))
-    out: dict[str, Any] = {
-        "protocol": {
-            "calibration": f"boolq-passages {args.calibration} x {SEQLEN}, seed 42",
-            "evaluation": f"wikitext2 test, first {args.windows} windows of {SEQLEN}",
-            "dtype": "float32",
-            "threads": args.threads,
-        },
-        "platform": platform.platform(),
-        "models": {},
+    protocol = {
+        "calibration": f"boolq-passages {args.calibration} x {SEQLEN}, seed 42",
+        "evaluation": f"wikitext2 test, first {args.windows} windows of {SEQLEN}",
+        "dtype": "float32",
+        "threads": args.threads,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = harness.start_report(protocol=protocol, models={})
     if args.out.exists():  # fill in what an earlier run of the same protocol left out
         earlier = json.loads(args.out.read_text())
         if earlier.get("protocol") == out["protocol"]:
             out["models"] = earlier["models"]
-    out["load_average_start"] = os.getloadavg()
-    wall_started, cpu_started = time.perf_counter(), time.process_time()
+    wall_started, cpu_started = time.perf_counter(), harness.cpu_seconds()
 
-    def save() -> None:
-        out["load_average_now"] = os.getloadavg()
+    def save(done: bool = False) -> None:
+        out["load_average_now"] = list(os.getloadavg())
         out["wall_s"] = time.perf_counter() - wall_started
-        out["cpu_s"] = time.process_time() - cpu_started
-        args.out.write_text(json.dumps(out, indent=2))
+        out["cpu_s"] = harness.cpu_seconds() - cpu_started
+        (harness.finish_report if done else harness.write_report)(args.out, out)
 
     for name in args.models if args.measure else ():
         measure(name, args, settings, out, save)
     out["zero_points"] = zero_points(out)
     out["band_coverage"] = band_coverage(out, subset_windows(args))
-    save()
-    print(json.dumps(out, indent=2))
+    save(done=True)
+    print(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

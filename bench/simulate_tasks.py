@@ -26,34 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from core.specs.simulate import DEFAULT_BASIS_FRACTION  # noqa: E402
-from workers.calibration import build_calibration, calibration_corpus  # noqa: E402
-from workers.data import load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluation.task_scoring import FEWSHOT_SEED, score_requested_task, task_request  # noqa: E402
-from workers.loading import LoadedModel, load_model, refresh_model  # noqa: E402
-from workers.pruning import prune_model  # noqa: E402
-from workers.simulation import SimulationOptions, simulate_curve  # noqa: E402
-from workers.simulation.whole_models import SimulatedModel  # noqa: E402
-from workers.slicing.engine import slice_model  # noqa: E402
+from core.specs.simulate import DEFAULT_BASIS_FRACTION
+from workers.evaluation.task_scoring import FEWSHOT_SEED, score_requested_task, task_request
+from workers.loading import LoadedModel, refresh_model
+from workers.pruning import prune_model
+from workers.simulation import SimulationOptions, simulate_curve
+from workers.simulation.whole_models import SimulatedModel
+from workers.slicing.engine import slice_model
 
 SEQLEN = 512
-OUT = REPO_ROOT / "bench" / "out" / "simulate_tasks.json"
 
 
 def scores(model: torch.nn.Module, tokenizer: Any, args: argparse.Namespace) -> tuple[dict[str, Any], float]:
@@ -105,54 +92,36 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m"])
-    parser.add_argument("--methods", nargs="+", default=["magnitude", "wanda", "slicegpt"])
-    parser.add_argument("--sparsities", nargs="+", type=float, default=[0.2, 0.4])
-    parser.add_argument("--tasks", nargs="+", default=["arc_easy", "lambada_openai"])
-    parser.add_argument("--limit", type=int, default=200)
-    parser.add_argument("--calibration", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    settings = Settings()
-    out: dict[str, Any] = {
-        "protocol": {
-            "calibration": f"{args.calibration} BoolQ passages x {SEQLEN}, seed 42",
-            "tasks": args.tasks,
-            "limit": args.limit,
-            "subsample_seed": 0,
-            "dtype": "float32",
-            "threads": args.threads,
-            "sequential_basis_fraction": DEFAULT_BASIS_FRACTION,
-        },
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "load_average_start": os.getloadavg(),
-        "models": {},
+    made = harness.parser(__doc__, "simulate_tasks")
+    harness.add_models_args(made, ("smollm2-135m",))
+    made.add_argument("--methods", nargs="+", default=["magnitude", "wanda", "slicegpt"])
+    made.add_argument("--sparsities", nargs="+", type=float, default=[0.2, 0.4])
+    made.add_argument("--tasks", nargs="+", default=["arc_easy", "lambada_openai"])
+    made.add_argument("--limit", type=int, default=200)
+    made.add_argument("--calibration", type=int, default=32)
+    args, settings = harness.parse_engine(made)
+    protocol = {
+        "calibration": f"{args.calibration} BoolQ passages x {SEQLEN}, seed 42",
+        "tasks": args.tasks,
+        "limit": args.limit,
+        "subsample_seed": 0,
+        "dtype": "float32",
+        "threads": args.threads,
+        "sequential_basis_fraction": DEFAULT_BASIS_FRACTION,
     }
+    out = harness.start_report(protocol=protocol, models={})
 
     def save() -> None:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        out["load_average_now"] = os.getloadavg()
-        OUT.write_text(json.dumps(out, indent=2))
+        out["load_average_now"] = list(os.getloadavg())
+        harness.write_report(args.out, out)
 
     for name in args.models:
-        loaded = load_model(resolve_model(name, settings), settings, dtype="float32", device="cpu")
-        tokenizer = loaded.tokenizer
-        windows = tokenize_corpus(tokenizer, load_wikitext2_test(settings), settings=settings)[: 2 * SEQLEN]
-        corpus = calibration_corpus("boolq-passages", None, settings)
-        batch = build_calibration(
-            tokenizer, corpus, num_sequences=args.calibration, seqlen=SEQLEN, seed=42, settings=settings
-        )
+        loaded = harness.load_dense(name, settings)
+        windows = harness.wikitext_ids(loaded, settings)[: 2 * SEQLEN]
+        batch = harness.calibration_batch(loaded.tokenizer, settings, args.calibration, SEQLEN, 42)
         record: dict[str, Any] = {}
         out["models"][name] = record
-        record["dense"], record["dense_wall_s"] = scores(loaded.model, tokenizer, args)
+        record["dense"], record["dense_wall_s"] = scores(loaded.model, loaded.tokenizer, args)
         save()
         for method in args.methods:
             started = time.perf_counter()
@@ -177,9 +146,8 @@ def main() -> None:
                 print(name, method, simulated.sparsity, found, flush=True)
                 save()
             del report
-    out["load_average_end"] = os.getloadavg()
-    save()
-    print(json.dumps(out, indent=2))
+    harness.finish_report(args.out, out)
+    print(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -26,33 +26,22 @@ import argparse
 import gc
 import json
 import os
-import platform
-import resource
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import psutil
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import psutil  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.architectures import detect_family  # noqa: E402
-from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.evaluation.perplexity import effective_seqlen, perplexity  # noqa: E402
-from workers.loading import load_model  # noqa: E402
-from workers.slicing.engine import count_parameters, slice_model  # noqa: E402
+from core.model_sources import resolve_model
+from workers.architectures import detect_family
+from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus
+from workers.evaluation.perplexity import effective_seqlen, perplexity
+from workers.loading import load_model
+from workers.slicing.engine import count_parameters, slice_model
 
 MIB = 1024 * 1024
 
@@ -106,67 +95,28 @@ class RssSampler:
             time.sleep(self.interval_s)
 
 
-def ru_maxrss_bytes() -> int:
-    """Peak RSS of this process so far, as the kernel counts it (Linux reports KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def parameter_bytes(module: torch.nn.Module) -> int:
     return sum(parameter.numel() * parameter.element_size() for parameter in module.parameters())
 
 
-def sample_calibration(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
-    """`count` windows of `length` tokens at seeded random offsets into a 1-D token stream."""
-    if tokens.numel() < length:
-        raise ValueError(f"calibration corpus has {tokens.numel()} tokens, fewer than one window of {length}")
-    generator = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, tokens.numel() - length + 1, (count,), generator=generator)
-    return torch.stack([tokens[start : start + length] for start in starts.tolist()])  # (count, length)
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--sparsity", type=float, default=0.25)
-    parser.add_argument("--calibration-sequences", type=int, default=128)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--calibration-corpus", default="boolq-passages")
-    parser.add_argument("--seed", type=int, default=42)
+    parser = harness.parser(__doc__, "slice_smollm2")
+    harness.add_model_args(parser)
+    harness.add_store_args(parser)
+    harness.add_protocol_args(parser, seqlen=2048, windows=4)
+    harness.add_slicing_args(parser)
     parser.add_argument("--batch-size", type=int, default=8, help="calibration batch size of the engine")
     parser.add_argument("--round-to", type=int, default=8)
-    parser.add_argument("--eval-seqlen", type=int, default=2048)
-    parser.add_argument("--eval-windows", type=int, default=4, help="first N windows of WikiText-2 test")
     parser.add_argument("--no-eval", action="store_true", help="skip both perplexity evaluations")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument(
         "--device", default="cpu", help="compute device for slicing and evaluation (the model stays on CPU)"
     )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-        help="converted-model and token cache (default $PRUNECAST_CACHE_DIR or .prunecast/cache)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-        help="folder holding wikitext-2-raw/ (default $PRUNECAST_DATA_DIR or ../shared/data)",
-    )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "slice_smollm2.json")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    harness.use_threads(args.threads)
     device = torch.device(args.device)
     sampler = RssSampler()
     sampler.start()
@@ -179,21 +129,19 @@ def main() -> None:
         sampler.enter(name)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        wall, cpu = time.perf_counter(), cpu_seconds()
+        wall, cpu = time.perf_counter(), harness.cpu_seconds()
         yield
-        record = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu}
+        record = {"wall_s": time.perf_counter() - wall, "cpu_s": harness.cpu_seconds() - cpu}
         if device.type == "cuda":
             record["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         stages[name] = record
         sampler.sample()
-        ru_after[name] = ru_maxrss_bytes()
+        ru_after[name] = harness.peak_rss_bytes()
         sampler.enter("between")
 
     load_average_start = os.getloadavg()
     rss_start = sampler.rss()
-    settings = Settings(
-        home=args.cache_dir.parent, cache_dir=args.cache_dir, data_dir=args.data_dir, model_roots=[]
-    )
+    settings = harness.settings_for(args)
     source = resolve_model(args.model, settings)
     total_wall = time.perf_counter()
 
@@ -229,7 +177,7 @@ def main() -> None:
     with stage("calibration"):
         corpus = load_calibration_text(args.calibration_corpus, settings)
         tokens = tokenize_corpus(loaded.tokenizer, corpus, settings=settings)
-        calibration_ids = sample_calibration(
+        calibration_ids = harness.sample_calibration(
             tokens, args.calibration_sequences, args.calibration_length, args.seed
         )
     gc.collect()
@@ -386,22 +334,10 @@ def main() -> None:
             ),
         },
         "evaluation": evaluation,
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "load_average_start": load_average_start,
-            "load_average_end": os.getloadavg(),
-            "host": platform.node(),
-        },
+        "environment": {**harness.machine_facts(), "load_average_start": load_average_start},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2)
-    args.out.write_text(text + "\n")
-    print(text)
-    print(f"wrote {args.out}", file=sys.stderr)
+    harness.finish_report(args.out, result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

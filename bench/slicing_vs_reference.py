@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import harness
+
 MIB = 1024 * 1024
 
 COMMON = r"""
@@ -144,27 +142,17 @@ print(json.dumps({"runtime_rss": runtime, "loaded_rss": loaded_rss, "peak_rss": 
 def prepare_inputs(args: argparse.Namespace, out_dir: Path) -> tuple[Path, Path, dict[str, Any]]:
     """Tokenise once: calibration windows and evaluation windows as token ids, and a model folder
     the reference's transformers 4.41 can read (RoPE base at top level, no 5.x tokenizer files)."""
-    sys.path.insert(0, str(REPO_ROOT))
     import torch
     from transformers import AutoTokenizer
 
     from core.model_sources import resolve_model
-    from core.settings import Settings
-    from workers.calibration import build_calibration, calibration_corpus
     from workers.data import load_wikitext2_test, tokenize_corpus
     from workers.loading import ensure_converted
 
-    settings = Settings()
+    settings = harness.settings_for(args)
     folder = ensure_converted(resolve_model("smollm2-135m", settings), settings)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    calibration = build_calibration(
-        tokenizer,
-        calibration_corpus("boolq-passages", None, settings),
-        num_sequences=args.sequences,
-        seqlen=args.length,
-        seed=42,
-        settings=settings,
-    )
+    calibration = harness.calibration_batch(tokenizer, settings, args.sequences, args.length, 42)
     eval_ids = tokenize_corpus(tokenizer, load_wikitext2_test(settings), settings=settings)
     windows = eval_ids[: args.eval_windows * args.eval_seqlen].view(args.eval_windows, args.eval_seqlen)
     inputs_path = out_dir / "slicing_vs_reference_inputs.pt"
@@ -207,19 +195,12 @@ def run_child(
     python: str, code: str, inputs: Path, folder: Path, args: argparse.Namespace, root: Path | None
 ) -> dict[str, Any]:
     """One measured child; `root` is the prunecast checkout it imports (None: the reference)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if root is not None:
-        env["PYTHONPATH"] = str(root)
+    env = harness.child_env(args, root)
     command = [
         python, "-c", COMMON + code, str(inputs), str(folder),
         str(args.threads), str(args.sparsity), str(args.batch_size),
     ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=root or REPO_ROOT, env=env, capture_output=True, text=True, timeout=7200, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"child {python} failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = harness.child_json(command, root or harness.REPO_ROOT, env, timeout_s=7200, label=python)
     hidden = 576  # SmolLM2-135M's D
     activations = args.sequences * args.length * hidden * 4
     result["job_peak"] = result["peak_rss"] - result["runtime_rss"]
@@ -230,39 +211,32 @@ def run_child(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reference-python", required=True, help="the python of a virtualenv with slicegpt")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--sequences", type=int, default=128)
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--sparsity", type=float, default=0.25)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eval-seqlen", type=int, default=2048)
-    parser.add_argument("--eval-windows", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "slicing_vs_reference.json")
-    parser.add_argument(
-        "--before", type=Path, help="an earlier commit's checkout (git worktree): a third side"
-    )
-    args = parser.parse_args()
+    made = harness.parser(__doc__, "slicing_vs_reference")
+    harness.add_store_args(made)
+    harness.add_protocol_args(made, seqlen=2048, windows=4)
+    made.add_argument("--reference-python", required=True, help="the python of a virtualenv with slicegpt")
+    made.add_argument("--repeats", type=int, default=1)
+    made.add_argument("--sequences", type=int, default=128)
+    made.add_argument("--length", type=int, default=512)
+    made.add_argument("--sparsity", type=float, default=0.25)
+    made.add_argument("--batch-size", type=int, default=8)
+    made.add_argument("--before", type=Path, help="an earlier commit's checkout (git worktree): a third side")
+    args = made.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    harness.use_threads(args.threads)  # the children's count, recorded in the environment
     inputs, reference_folder, protocol = prepare_inputs(args, args.out.parent)
     sides: list[tuple[str, str, str, Path | None]] = [
-        ("prunecast", sys.executable, OURS, REPO_ROOT),
+        ("prunecast", sys.executable, OURS, harness.REPO_ROOT),
         ("reference", args.reference_python, REFERENCE, None),
     ]
     if args.before is not None:
         sides.append(("before", sys.executable, OURS, args.before.resolve()))
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side, *_ in sides}
-    result: dict[str, Any] = {"protocol": protocol, "platform": platform.platform(), "runs": runs}
-    result["load_average_start"] = os.getloadavg()
+    result = harness.start_report(protocol=protocol, runs=runs)
     for _ in range(args.repeats):
         for side, python, code, root in sides:
             runs[side].append(run_child(python, code, inputs, reference_folder, args, root))
             print(side, json.dumps(runs[side][-1]), flush=True)
-    result["load_average_end"] = os.getloadavg()
     summary: dict[str, Any] = {}
     for side, entries in runs.items():
         summary[side] = {
@@ -276,8 +250,8 @@ def main() -> None:
         key = "wall_ratio_per_pair" if side == "prunecast" else f"{side}_wall_ratio_per_pair"
         summary[key] = [ours["wall_s"] / ref["wall_s"] for ours, ref in pairs]
     result["summary"] = summary
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    harness.finish_report(args.out, result)
+    print(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -30,59 +30,35 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from bench.slice_smollm2 import cpu_seconds, sample_calibration  # noqa: E402
-from core.model_sources import resolve_model  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus  # noqa: E402
-from workers.environment import run_environment  # noqa: E402
-from workers.evaluation.perplexity import effective_seqlen, perplexity  # noqa: E402
-from workers.loading import load_model  # noqa: E402
-from workers.slicing.artifacts import load_sliced, save_sliced  # noqa: E402
-from workers.slicing.engine import count_parameters, slice_model  # noqa: E402
-from workers.slicing.stock import DEFAULT_POOLING, Pooling, slice_model_stock  # noqa: E402
+from core.model_sources import resolve_model
+from core.settings import Settings
+from workers.data import load_calibration_text, load_wikitext2_test, tokenize_corpus
+from workers.environment import run_environment
+from workers.evaluation.perplexity import effective_seqlen, perplexity
+from workers.loading import load_model
+from workers.slicing.artifacts import load_sliced, save_sliced
+from workers.slicing.engine import count_parameters, slice_model
+from workers.slicing.stock import DEFAULT_POOLING, Pooling, slice_model_stock
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--sparsity", type=float, default=0.25)
-    parser.add_argument("--calibration-sequences", type=int, default=128)
-    parser.add_argument("--calibration-length", type=int, default=512)
-    parser.add_argument("--calibration-corpus", default="boolq-passages")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--eval-seqlen", type=int, default=2048)
-    parser.add_argument("--eval-windows", type=int, default=4)
+    parser = harness.parser(__doc__, "stock_layout_smollm2")
+    harness.add_model_args(parser)
+    harness.add_store_args(parser)
+    harness.add_protocol_args(parser, seqlen=2048, windows=4)
+    harness.add_slicing_args(parser)
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="only the default pooling of the stock layout")
     parser.add_argument("--only", nargs="+", help="slice only these variants (e.g. per-layer-sliced-head)")
     parser.add_argument("--no-inference", action="store_true", help="skip the inference measurements")
     parser.add_argument("--inference", type=Path, help=argparse.SUPPRESS)  # the subprocess mode
     parser.add_argument("--layout", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
-    parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "bench" / "out" / "stock_layout_models")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "stock_layout_smollm2.json")
+    parser.add_argument("--work-dir", type=Path, default=harness.OUT_DIR / "stock_layout_models")
     return parser.parse_args()
 
 
@@ -100,7 +76,7 @@ def timed(run: Any, repeats: int) -> float:
 @torch.no_grad()
 def measure_inference(args: argparse.Namespace) -> dict[str, Any]:
     """The subprocess: load one saved model as a user would, then time prefill and decoding."""
-    torch.set_num_threads(args.threads)
+    harness.use_threads(args.threads)
     folder: Path = args.inference
     started = time.perf_counter()
     if args.layout == "per-layer":
@@ -156,7 +132,7 @@ def slice_variants(args: argparse.Namespace, settings: Settings) -> tuple[dict[s
     loaded = load_model(source, settings, dtype="float32", device="cpu")
     corpus = load_calibration_text(args.calibration_corpus, settings)
     tokens = tokenize_corpus(loaded.tokenizer, corpus, settings=settings)
-    calibration_ids = sample_calibration(
+    calibration_ids = harness.sample_calibration(
         tokens, args.calibration_sequences, args.calibration_length, args.seed
     )
     wikitext = load_wikitext2_test(settings)
@@ -195,13 +171,13 @@ def slice_variants(args: argparse.Namespace, settings: Settings) -> tuple[dict[s
             continue
         gc.collect()
         model = load_model(source, settings, dtype="float32", device="cpu").model
-        wall, cpu = time.perf_counter(), cpu_seconds()
+        wall, cpu = time.perf_counter(), harness.cpu_seconds()
         if pooling is None:
             slice_head = name == "per-layer-sliced-head"
             report = slice_model(model, calibration_ids, None, args.sparsity, slice_head=slice_head)
         else:
             report = slice_model_stock(model, calibration_ids, None, args.sparsity, pooling=pooling)
-        score(name, model, time.perf_counter() - wall, cpu_seconds() - cpu, report)
+        score(name, model, time.perf_counter() - wall, harness.cpu_seconds() - cpu, report)
         print(f"{name}: ppl {variants[name]['ppl']:.3f}", file=sys.stderr, flush=True)
         if name in ("per-layer", f"stock-{DEFAULT_POOLING.value}"):  # the two that load-and-run
             folders[name] = args.work_dir / name
@@ -239,11 +215,9 @@ def main() -> None:
     if args.inference is not None:
         print(json.dumps(measure_inference(args)))
         return
-    torch.set_num_threads(args.threads)
+    harness.use_threads(args.threads)
     load_average_start = os.getloadavg()
-    settings = Settings(
-        home=args.cache_dir.parent, cache_dir=args.cache_dir, data_dir=args.data_dir, model_roots=[]
-    )
+    settings = harness.settings_for(args)
     quality, folders = slice_variants(args, settings)
     inference: dict[str, list[dict[str, Any]]] = {name: [] for name in folders}
     for _round in range(0 if args.no_inference else 2):
@@ -302,11 +276,10 @@ def main() -> None:
             **run_environment(torch.device("cpu")),
             "torch_threads": args.threads,
             "load_average_start": load_average_start,
-            "load_average_end": os.getloadavg(),
+            "commit": harness.commit(),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    harness.finish_report(args.out, result)
     print(json.dumps(result, indent=2))
 
 

@@ -29,89 +29,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness
+from fastapi.testclient import TestClient
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
-from core.prediction import laws  # noqa: E402
-from core.settings import Settings  # noqa: E402
-
-TERMINAL = ("succeeded", "failed", "canceled")
+from app.main import create_app
+from core.prediction import laws
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m", help="packaged alias or local folder")
-    parser.add_argument("--method", default="slicegpt", help="any pruning method a sweep takes")
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.4])
-    parser.add_argument("--calibration-sequences", type=int, default=32)
-    parser.add_argument("--calibration-length", type=int, default=256)
-    parser.add_argument("--calibration-batch", type=int, default=8)
-    parser.add_argument("--calibration-corpus", default="boolq-passages", help="a packaged corpus")
-    parser.add_argument("--calibration-seed", type=int, default=None, help="default: the job's seed, 42")
-    parser.add_argument("--eval-seqlen", type=int, default=512)
-    parser.add_argument("--eval-windows", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_CACHE_DIR", REPO_ROOT / ".prunecast" / "cache")),
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("PRUNECAST_DATA_DIR", REPO_ROOT.parent / "shared" / "data")),
-    )
-    parser.add_argument(
+    made = harness.parser(__doc__, "sweep_smollm2", threads=1)
+    harness.add_model_args(made)
+    harness.add_calibration_args(made, sequences=32, length=256)
+    harness.add_protocol_args(made, seqlen=512, windows=4)
+    harness.add_store_args(made, home="optional")
+    made.add_argument("--method", default="slicegpt", help="any pruning method a sweep takes")
+    made.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.4])
+    made.add_argument("--calibration-batch", type=int, default=8)
+    made.add_argument(
         "--model-root", type=Path, action="append", default=[], help="allow local model folders below this"
     )
-    parser.add_argument(
-        "--home",
-        type=Path,
-        default=None,
-        help="keep the store here (SQLite, migrated) so later benches read its results; default: a "
-        "temporary folder, deleted at the end",
-    )
-    parser.add_argument("--poll-s", type=float, default=2.0)
-    parser.add_argument("--timeout-s", type=float, default=4 * 3600)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "sweep_smollm2.json")
-    return parser.parse_args()
+    made.add_argument("--poll-s", type=float, default=2.0)
+    made.add_argument("--timeout-s", type=float, default=4 * 3600)
+    return made.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    harness.use_threads(args.threads)
     cpu_started, wall_started = time.process_time(), time.perf_counter()
-    report: dict[str, Any] = {
-        "load_average_start": list(os.getloadavg()),
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-    }
+    report = harness.start_report()
     body = {
         "kind": "sweep",
         "model": args.model,
@@ -124,26 +74,16 @@ def main() -> None:
             "batch_size": args.calibration_batch,
             "seed": args.calibration_seed,
         },
-        "perplexity": {"seqlen": args.eval_seqlen, "max_windows": args.eval_windows},
+        "perplexity": harness.protocol_body(args),
     }
     report["request"] = body
     with contextlib.ExitStack() as stack:
-        home = args.home or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prunecast-sweep-")))
-        home.mkdir(parents=True, exist_ok=True)
-        settings = Settings(
-            home=home,
-            cache_dir=args.cache_dir,
-            data_dir=args.data_dir,
-            model_roots=args.model_root,
-            log_format="console",
-        )
-        upgrade(settings.store_url)
+        settings = harness.kept_or_scratch_store(args, stack, "prunecast-sweep-", args.model_root)
         with TestClient(create_app(settings, start_background=False)) as client:
             run_job(client, body, args, report)
     report["wall_s"] = round(time.perf_counter() - wall_started, 2)
     report["cpu_s"] = round(time.process_time() - cpu_started, 2)
-    report["load_average_end"] = list(os.getloadavg())
-    write(args.out, report)
+    harness.finish_report(args.out, report)
     print(summary(report))
 
 
@@ -152,26 +92,9 @@ def run_job(
 ) -> None:
     submitted = client.post("/v1/jobs", json=body)
     submitted.raise_for_status()
-    job_id = submitted.json()["id"]
-    report["job_id"] = job_id
+    job_id = report["job_id"] = submitted.json()["id"]
     progress: list[dict[str, Any]] = []  # every distinct (stage, detail) seen while polling
-    started = time.perf_counter()
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        seen = (job["stage"], job["detail"])
-        if not progress or (progress[-1]["stage"], progress[-1]["detail"]) != seen:
-            progress.append(
-                {
-                    "t_s": round(time.perf_counter() - started, 1),
-                    "stage": job["stage"],
-                    "progress": round(job["progress"], 4),
-                    "detail": job["detail"],
-                }
-            )
-            print(f"[{progress[-1]['t_s']:8.1f}s] {job['stage']}: {job['detail']}", flush=True)
-        if job["status"] in TERMINAL or time.perf_counter() - started > args.timeout_s:
-            break
-        time.sleep(args.poll_s)
+    job = harness.follow(client, job_id, args.timeout_s, args.poll_s, seen=progress)
     report["job"] = {k: job[k] for k in ("status", "error", "attempts", "started_at", "finished_at")}
     report["progress"] = progress
     results = client.get(f"/v1/jobs/{job_id}/results").json()["items"]
@@ -283,11 +206,6 @@ def summary(report: dict[str, Any]) -> str:
                 f"    {law:7s} R2={q['r2']}  max APE={q['max_ape']:.4f}  mean APE={q['mean_ape']:.4f}"
             )
     return "\n".join(lines)
-
-
-def write(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,72 +19,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import harness
+from fastapi.testclient import TestClient
 
-import psycopg  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
-from core.settings import Settings  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get("PRUNECAST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-@contextmanager
-def scratch_database() -> Iterator[str]:
-    name = f"prunecast_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+from app.main import create_app
+from core.settings import Settings
 
 
 def run_sweep(workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    with scratch_database() as url, tempfile.TemporaryDirectory(prefix="prunecast-bench-") as home:
-        upgrade(url)
+    scratch = tempfile.TemporaryDirectory(prefix="prunecast-bench-")
+    with harness.scratch_database() as url, scratch as home:
         settings = Settings(
             home=Path(home),
             database_url=url,
             redis_url=args.redis_url,
             queue_name=f"bench-{uuid.uuid4().hex[:8]}",
             cache_dir=args.cache_dir,
+            data_dir=args.data_dir,
             log_format="json",
         )
-        env = {
-            **os.environ,
+        env = harness.child_env(args, None) | {
             "DATABASE_URL": url,
             "REDIS_URL": args.redis_url,
             "PRUNECAST_QUEUE_NAME": settings.queue_name,
             "PRUNECAST_HOME": home,
-            "PRUNECAST_CACHE_DIR": str(args.cache_dir),
             "OMP_NUM_THREADS": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
         }
         logs = [open(Path(home) / f"worker-{i}.log", "wb") for i in range(workers)]  # noqa: SIM115
         processes = [
             subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "worker", "--name", f"bench-{i}-{uuid.uuid4().hex[:4]}"],
                 env=env,
-                cwd=REPO_ROOT,
+                cwd=harness.REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -111,7 +85,7 @@ def run_sweep(workers: int, args: argparse.Namespace) -> dict[str, Any]:
                 job = api.post("/v1/jobs", json=body).json()
                 while True:
                     state = api.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 30}).json()
-                    if state["status"] in ("succeeded", "failed", "canceled"):
+                    if state["status"] in harness.TERMINAL:
                         break
                 wall = time.perf_counter() - started
                 if state["status"] != "succeeded":
@@ -153,32 +127,27 @@ def _seconds(job: dict[str, Any]) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = harness.parser(__doc__, "sweep_workers", threads=None)
+    harness.add_store_args(parser)
     parser.add_argument("--method", default="wanda")
     parser.add_argument("--sparsities", nargs="*", type=float, default=[0.2, 0.3, 0.4, 0.5])
     parser.add_argument("--calibration-sequences", type=int, default=16)
     parser.add_argument("--calibration-length", type=int, default=256)
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / ".prunecast" / "cache")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "sweep_workers.json")
     args = parser.parse_args()
-    result: dict[str, Any] = {
-        "model": "smollm2-135m",
-        "method": args.method,
-        "sparsities": args.sparsities,
-        "protocol": {
+    result = harness.start_report(
+        with_torch=False,
+        model="smollm2-135m",
+        method=args.method,
+        sparsities=args.sparsities,
+        protocol={
             "calibration": [args.calibration_sequences, args.calibration_length],
             "windows": args.windows,
             "seqlen": 512,
         },
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_start": os.getloadavg(),
-        "runs": [],
-    }
+        runs=[],
+    )
     for workers in (1, 2):
         run = run_sweep(workers, args)
         print(json.dumps({key: run[key] for key in ("workers", "wall_s", "children")}), flush=True)
@@ -186,8 +155,7 @@ def main() -> None:
     one, two = result["runs"]
     result["two_over_one_wall"] = round(two["wall_s"] / one["wall_s"], 3)
     result["identical_values"] = one["values"] == two["values"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    harness.finish_report(args.out, result)
     print(json.dumps({key: result[key] for key in ("two_over_one_wall", "identical_values")}, indent=2))
 
 

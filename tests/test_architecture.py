@@ -103,6 +103,20 @@ def test_no_modules_import_each_other_round_a_ring() -> None:
     assert rings(import_graph()) == []
 
 
+MAX_MODULE_LINES = 450
+"""A module a person reads at a sitting: longer ones split along their seams (docs/architecture.md)."""
+
+
+def test_no_module_outside_tests_and_migrations_is_longer_than_a_sitting() -> None:
+    long = [
+        f"{path.relative_to(REPO_ROOT)}: {lines} lines"
+        for package in (*PACKAGES, "bench", "scripts")
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []
+
+
 @pytest.mark.parametrize("package", ["core", "app"])
 def test_the_service_side_names_the_engine_only_in_the_entry_point_registry(package: str) -> None:
     named = [

@@ -25,7 +25,7 @@ import structlog
 from sqlalchemy import Delete, delete, select
 from sqlalchemy.orm import Session
 
-from core import lifecycle
+from core import job_outputs, lifecycle
 from core.artifacts import remove_job_files
 from core.settings import Settings
 from core.store import Store, is_outage
@@ -50,7 +50,7 @@ class JobFailure(Exception):
 
 
 class JobContext:
-    def __init__(self, store: Store, settings: Settings, job: Job, attempt: lifecycle.Attempt) -> None:
+    def __init__(self, store: Store, settings: Settings, job: Job, attempt: job_outputs.Attempt) -> None:
         self.store = store
         self.settings = settings
         self.job_id = job.id
@@ -71,7 +71,7 @@ class JobContext:
         """Move a queued job to running for this worker; None if it is not ours to run."""
         worker = f"{socket.gethostname()}:{os.getpid()}"
 
-        def claim_it(session: Session) -> tuple[Job, lifecycle.Attempt] | None:
+        def claim_it(session: Session) -> tuple[Job, job_outputs.Attempt] | None:
             attempt = lifecycle.claim(session, job_id, worker)
             if attempt is None:
                 return None
@@ -193,7 +193,7 @@ class JobContext:
     def discard_earlier_attempts(self) -> None:
         """Delete what earlier attempts of this job stored, so a retry does not store it twice."""
         owned = self._must(
-            lambda session: lifecycle.discard_earlier_attempts(session, self._attempt),
+            lambda session: job_outputs.discard_earlier_attempts(session, self._attempt),
             "discarding an earlier attempt's outputs",
         )
         if not owned:
@@ -217,7 +217,7 @@ class JobContext:
         cancel was asked; returns their ids. The caller enqueues them (the reconciler would)."""
 
         def create(session: Session) -> list[str]:
-            lifecycle.lock_for_output(session, self._attempt)
+            job_outputs.lock_for_output(session, self._attempt)
             children = [
                 lifecycle.submit(
                     session,
@@ -233,7 +233,7 @@ class JobContext:
 
         try:
             return self._must(create, "creating child jobs")
-        except lifecycle.OutputRefused as refused:
+        except job_outputs.OutputRefused as refused:
             self._superseded = refused.superseded
             self._cancel_seen = not refused.superseded
             raise JobStopped("this attempt may not create jobs any more") from refused
@@ -261,12 +261,12 @@ class JobContext:
         replacing: Delete | None = None,
     ) -> None:
         """Add rows in one transaction that first locks the job row and checks this attempt still
-        owns it and no cancel was asked (`lifecycle.lock_for_output`), after `replacing` (rows the
+        owns it and no cancel was asked (`job_outputs.lock_for_output`), after `replacing` (rows the
         new ones supersede) is deleted in the same transaction."""
         job_id = self.job_id
 
         def add(session: Session) -> None:
-            lifecycle.lock_for_output(session, self._attempt)
+            job_outputs.lock_for_output(session, self._attempt)
             if _already_stored(session, rows):
                 return  # an earlier try committed, but the connection died before it could say so
             if replacing is not None:
@@ -275,7 +275,7 @@ class JobContext:
 
         try:
             self._must(add, f"storing {what}")
-        except lifecycle.OutputRefused as refused:
+        except job_outputs.OutputRefused as refused:
             if refused.superseded:
                 self._superseded = True
                 raise JobStopped(f"this attempt was superseded; its {what} are discarded") from refused
@@ -320,7 +320,7 @@ class JobContext:
         self.log.info("job finished", status="canceled")
 
     def _landed(self) -> tuple[JobStatus, bool] | None:
-        return self._must(lambda session: lifecycle.state_of(session, self._attempt), "reading the outcome")
+        return self._must(lambda session: job_outputs.state_of(session, self._attempt), "reading the outcome")
 
 
 def _already_stored(session: Session, rows: Sequence[Any]) -> bool:

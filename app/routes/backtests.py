@@ -14,7 +14,7 @@ from app.services.prediction.scored_curves import scored_curves
 from app.services.prediction.simulated import simulation_records
 from app.services.prediction.store_state import store_state
 from core.prediction.backtests import feature_predictor
-from core.prediction.laws import DEFAULT_LEVEL
+from core.prediction.law_prediction import DEFAULT_LEVEL
 from core.prediction.registry import PROFILE_PREDICTORS
 from core.specs.pruning import StoredMethod
 

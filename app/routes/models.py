@@ -26,7 +26,7 @@ from app.views.curve_plots import curve_png, curve_svg
 from app.views.profile_plots import profile_png, profile_svg
 from app.views.retention_plots import NothingToDraw, retention_png, retention_svg
 from core.methods import DEFAULT_METHOD
-from core.prediction.laws import DEFAULT_LEVEL
+from core.prediction.law_prediction import DEFAULT_LEVEL
 from core.specs.pruning import StoredMethod
 
 router = APIRouter(prefix="/v1/models", tags=["models"])

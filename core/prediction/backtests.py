@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import Any
 
 from core.methods import stored_method_entry
-from core.prediction import cross_method, feature_laws, laws, priors, records
+from core.prediction import cross_method, feature_laws, law_prediction, laws, priors, records
 from core.prediction.feature_laws import Coefficient
 from core.profiles import UNCALIBRATED_FEATURE
 
@@ -238,7 +238,7 @@ def law_coefficient(fit: LawFit, own: Sequence[tuple[float, float]], own_source:
 
 
 def backtest(
-    curves: Sequence[Curve], *, siblings: Sequence[Curve] = (), level: float = laws.DEFAULT_LEVEL
+    curves: Sequence[Curve], *, siblings: Sequence[Curve] = (), level: float = law_prediction.DEFAULT_LEVEL
 ) -> list[Score]:
     """Every predictor in every mode over `curves` (see the module docstring); `siblings` are
     curves of other methods with the same kinds of feature, which only the cross-method mode

@@ -33,7 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from core.prediction.laws import DEFAULT_LEVEL, PPL_SIGMA0, PRIOR_DOF
+from core.prediction.law_fitting import PRIOR_DOF
+from core.prediction.law_prediction import DEFAULT_LEVEL
+from core.prediction.laws import PPL_SIGMA0
 
 COEFFICIENT_SPREAD0 = 0.5
 """Prior between-model spread of c, relative to its mean: a new model's coefficient is taken to lie

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.prediction import laws
+from core.prediction import law_prediction, laws
 from core.tables import Fit
 
 EMPIRICAL_PREFIX = "empirical-"
@@ -195,7 +195,7 @@ def quality_record(
     return record
 
 
-def _quality(quality: laws.FitQuality | None) -> dict[str, Any]:
+def _quality(quality: law_prediction.FitQuality | None) -> dict[str, Any]:
     if quality is None:
         return {"n": 0, "r2": None, "max_ape": None, "mean_ape": None}
     return {

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.cli import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, main
+from app.cli import main
+from app.cli_client import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE
 from core.migrate import upgrade
 from tests.app.live_server import free_port, live_server
 

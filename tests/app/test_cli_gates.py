@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, _predict_body, build_parser, main
+from app.cli import build_parser, main
+from app.cli_client import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+from app.cli_predict import _predict_body
 from core.settings import Settings
 from core.store import Store
 from tests.app.live_server import live_server

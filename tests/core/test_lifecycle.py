@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from core import lifecycle
+from core import job_outputs, lifecycle
 from core.store import Store
 from core.tables import Artifact, Job, JobStatus, ProbePoint, Result, utcnow
 
@@ -18,7 +18,7 @@ def submitted(store: Store) -> str:
         return lifecycle.submit(session, kind="evaluate", request={}, model_id="m", request_hash="h").id
 
 
-def claimed(store: Store, worker: str = "w:1") -> lifecycle.Attempt:
+def claimed(store: Store, worker: str = "w:1") -> job_outputs.Attempt:
     job_id = submitted(store)
     with store.session() as session:
         attempt = lifecycle.claim(session, job_id, worker)
@@ -33,9 +33,9 @@ def job(store: Store, job_id: str) -> Job:
         return row
 
 
-def add_outputs(store: Store, attempt: lifecycle.Attempt) -> None:
+def add_outputs(store: Store, attempt: job_outputs.Attempt) -> None:
     with store.session() as session:
-        lifecycle.lock_for_output(session, attempt)
+        job_outputs.lock_for_output(session, attempt)
         session.add(
             Result(job_id=attempt.job_id, model_id="m", method="dense", metric="ppl", dataset="d", value=2.0)
         )
@@ -47,7 +47,7 @@ def outputs(store: Store, job_id: str) -> int:
     with store.session() as session:
         return sum(
             len(session.scalars(select(table.id).where(table.job_id == job_id)).all())
-            for table in lifecycle.OUTPUT_TABLES
+            for table in job_outputs.OUTPUT_TABLES
         )
 
 
@@ -56,22 +56,22 @@ def test_a_queued_job_is_claimed_once_and_the_status_is_the_enum(clean_store: St
     with clean_store.session() as session:
         first = lifecycle.claim(session, job_id, "w:1")
         second = lifecycle.claim(session, job_id, "w:2")
-    assert first == lifecycle.Attempt(job_id, 1) and second is None
+    assert first == job_outputs.Attempt(job_id, 1) and second is None
     row = job(clean_store, job_id)
     assert row.status is JobStatus.running and row.worker == "w:1" and row.progress_at is not None
 
 
 def test_writes_of_a_superseded_attempt_change_nothing(clean_store: Store) -> None:
     attempt = claimed(clean_store)
-    stale = lifecycle.Attempt(attempt.job_id, attempt.number + 1)
+    stale = job_outputs.Attempt(attempt.job_id, attempt.number + 1)
     with clean_store.session() as session:
         assert not lifecycle.record_progress(session, stale, stage="x", progress=0.5, detail=None)
         assert lifecycle.beat(session, stale) is None
         assert not lifecycle.succeed(session, stale)
         assert not lifecycle.fail(session, stale, "no")
         assert lifecycle.cancel(session, stale) is None
-        with pytest.raises(lifecycle.OutputRefused) as refused:
-            lifecycle.lock_for_output(session, stale)
+        with pytest.raises(job_outputs.OutputRefused) as refused:
+            job_outputs.lock_for_output(session, stale)
     assert refused.value.superseded
     assert job(clean_store, attempt.job_id).status is JobStatus.running
 
@@ -107,8 +107,8 @@ def test_after_a_cancel_request_no_output_is_stored_and_success_is_refused(clean
     with clean_store.session() as session:
         assert lifecycle.request_cancel(session, attempt.job_id).outcome is lifecycle.CancelOutcome.REQUESTED
         assert lifecycle.beat(session, attempt) is True  # the worker learns it at its next heartbeat
-        with pytest.raises(lifecycle.OutputRefused) as refused:
-            lifecycle.lock_for_output(session, attempt)
+        with pytest.raises(job_outputs.OutputRefused) as refused:
+            job_outputs.lock_for_output(session, attempt)
         assert not refused.value.superseded
         assert not lifecycle.succeed(session, attempt)
         assert lifecycle.cancel(session, attempt) == ["/x"]
@@ -122,10 +122,10 @@ def test_a_retried_attempt_discards_the_dead_ones_outputs_only_while_it_owns_the
     attempt = claimed(clean_store)
     add_outputs(clean_store, attempt)
     with clean_store.session() as session:
-        assert not lifecycle.discard_earlier_attempts(session, lifecycle.Attempt(attempt.job_id, 7))
+        assert not job_outputs.discard_earlier_attempts(session, job_outputs.Attempt(attempt.job_id, 7))
     assert outputs(clean_store, attempt.job_id) == 3
     with clean_store.session() as session:
-        assert lifecycle.discard_earlier_attempts(session, attempt)
+        assert job_outputs.discard_earlier_attempts(session, attempt)
     assert outputs(clean_store, attempt.job_id) == 0
 
 

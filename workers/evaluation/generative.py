@@ -26,15 +26,8 @@ import torch
 from core.tasks import task_info
 from workers.evaluation.generative_tasks import GSM8K_FILTERS, GenDoc, GenTask, exact_match
 from workers.evaluation.greedy import greedy_generate
-from workers.evaluation.loglikelihood import (
-    DEFAULT_BATCH_SIZE,
-    context_length,
-    encode_requests,
-    mean_stderr,
-    runtime_protocol,
-    score_encoded,
-    wants_bos,
-)
+from workers.evaluation.loglikelihood import DEFAULT_BATCH_SIZE, encode_requests, score_encoded
+from workers.evaluation.model_facts import context_length, mean_stderr, runtime_protocol, wants_bos
 from workers.evaluation.task_data import FEWSHOT_DELIMITER, docs_sha256, task_data_version
 
 EXAMPLES_KEPT = 3

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from workers.evaluation.loglikelihood import cache_argument, last_logits_only
+from workers.evaluation.model_facts import cache_argument, last_logits_only
 from workers.evaluation.perplexity import EvaluationStopped
 
 STOPPED_BY = ("stop-sequence", "end-of-sequence", "token-limit")

@@ -18,14 +18,13 @@ where the model supports it). `batch_size=1, share_context=False` is lm-eval's o
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
+from workers.evaluation.model_facts import cache_argument, context_length, wants_bos
 from workers.evaluation.perplexity import EvaluationStopped
 
 DEFAULT_BATCH_SIZE = 16  # options per forward pass
@@ -366,16 +365,6 @@ def _score_shared_batch(
     )
 
 
-def last_logits_only(model: torch.nn.Module) -> dict[str, Any]:
-    """Forward arguments that keep only the last position's logits, where the model supports it."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache`; use whichever the model takes."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _right_pad(rows: Sequence[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask), each (B, width); pad id 0 is never attended."""
     width = max(len(row) for row in rows) if width is None else width
@@ -421,39 +410,3 @@ def _score_batch(
     token_lp = token_lp.double().cpu().masked_fill(~scored, 0.0)
     hits = ((logits.argmax(dim=-1).cpu() == picks) | ~scored).all(dim=1)  # (B,)
     return [float(value) for value in token_lp.sum(dim=1)], [bool(hit) for hit in hits]
-
-
-def mean_stderr(values: Sequence[float]) -> float | None:
-    """lm-eval's mean_stderr: sample standard deviation (n - 1) / sqrt(n); None below two values."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean = sum(values) / n
-    variance = sum((value - mean) ** 2 for value in values) / (n - 1)
-    return math.sqrt(variance) / math.sqrt(n)
-
-
-def runtime_protocol(model: torch.nn.Module) -> dict[str, Any]:
-    """Where and with what a task was scored: device, dtype and library versions."""
-    parameters = next(model.parameters())
-    return {
-        "device": str(parameters.device),
-        "dtype": str(parameters.dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-
-
-def wants_bos(model: torch.nn.Module) -> bool:
-    """lm-eval adds no BOS to causal LMs except Gemma, which degrades badly without one."""
-    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
-    return model_type.startswith("gemma")
-
-
-def context_length(model: torch.nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    for attribute in ("max_position_embeddings", "n_positions"):
-        limit = getattr(config, attribute, None)
-        if isinstance(limit, int) and limit > 0:
-            return limit
-    return None

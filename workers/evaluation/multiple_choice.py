@@ -19,14 +19,11 @@ import torch
 from workers.evaluation.loglikelihood import (
     DEFAULT_BATCH_SIZE,
     ScoredRequests,
-    context_length,
     encode_requests,
-    mean_stderr,
-    runtime_protocol,
     score_encoded,
-    wants_bos,
 )
 from workers.evaluation.mc_formats import load_task
+from workers.evaluation.model_facts import context_length, mean_stderr, runtime_protocol, wants_bos
 from workers.evaluation.task_data import (
     FEWSHOT_DELIMITER,
     MCDoc,
@@ -166,6 +163,44 @@ def score_task(
         raise ValueError(f"task {loaded.name!r} was loaded with split {loaded.split!r}, not {split!r}")
     indices = loaded.select(limit=limit, subsample_seed=subsample_seed)
     docs = fewshot_docs(loaded, indices, num_fewshot, fewshot_seed)
+    return score_selected(
+        model,
+        tokenizer,
+        loaded,
+        docs,
+        limit=limit,
+        subsample_seed=subsample_seed,
+        num_fewshot=num_fewshot,
+        fewshot_seed=fewshot_seed,
+        batch_size=batch_size,
+        share_context=share_context,
+        add_bos=add_bos,
+        progress=progress,
+        should_stop=should_stop,
+        started=started,
+    )
+
+
+def score_selected(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    loaded: MCTask,
+    docs: Sequence[MCDoc],
+    *,
+    limit: int | None,
+    subsample_seed: int | None,
+    num_fewshot: int,
+    fewshot_seed: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    share_context: bool = True,
+    add_bos: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    started: float | None = None,
+) -> TaskResult:
+    """`score_task` on docs already selected (few-shot prompts in them): what a job scoring a
+    subset of a task's docs calls (`workers.evaluation.paired_tasks`)."""
+    started = time.perf_counter() if started is None else started
     scores, scored = score_docs(
         model,
         tokenizer,

@@ -17,7 +17,7 @@ from core.tasks import OutputType, task_info
 from workers.evaluation.generative import score_generation_task, score_target_task
 from workers.evaluation.generative_tasks import load_generative_task
 from workers.evaluation.mc_formats import load_task
-from workers.evaluation.multiple_choice import score_task
+from workers.evaluation.multiple_choice import score_selected
 from workers.evaluation.task_data import DocSplit, fewshot_docs
 
 # Seed of the few-shot draws a job scores with (lm-eval's default fewshot seed); recorded in the protocol.
@@ -124,7 +124,7 @@ def _score_multiple_choice(
     docs: Sequence[Any],
     **hooks: Any,
 ) -> ScoredTask:
-    return score_task(model, tokenizer, split, **_shared(request), **hooks)  # selects its own docs
+    return score_selected(model, tokenizer, split, docs, **_shared(request), **hooks)
 
 
 def _score_target(

@@ -18,7 +18,7 @@ from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.architectures import FamilyAdapter
-from workers.evaluation.loglikelihood import last_logits_only
+from workers.evaluation.model_facts import last_logits_only
 from workers.probing.common import (
     capture_final_hidden,
     family_adapters,

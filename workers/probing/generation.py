@@ -27,7 +27,7 @@ from torch import nn
 
 from core.probe_conventions import PRUNECAST, ProbeConvention
 from workers.architectures import FamilyAdapter
-from workers.evaluation.loglikelihood import cache_argument, last_logits_only
+from workers.evaluation.model_facts import cache_argument, last_logits_only
 from workers.probing.common import capture_last_positions, family_adapters, model_device, residual_mismatch
 from workers.probing.counterfactual import check_layer_map
 from workers.probing.deviation import probability_deviations, vector_deviations

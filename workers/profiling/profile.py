@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -63,7 +63,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from core.param_count import sliced_width
-from core.profiles import MASK_RULES, signal_name
+from core.profiles import MASK_RULES
 from workers.architectures import (
     FamilyAdapter,
     UnsupportedArchitectureError,
@@ -83,149 +83,20 @@ from workers.probing.common import token_chunks
 from workers.probing.deviation import DistributionReference, kl_with_nll_increase
 from workers.probing.head import Float32Head
 from workers.profiling.mask_errors import LinearError, linear_errors, mask_moments
+from workers.profiling.moments import _LensRows, _Signal
 from workers.profiling.nested_lens import AffineNorm, NestedWidthLogits
+from workers.profiling.report import (
+    DEFAULT_LENS_TOKENS,
+    LensReading,
+    ProfileReport,
+    ProfileStopped,
+    SignalProfile,
+)
 from workers.pruning.linears import block_linears
 from workers.pruning.recording import InputRecorder
 from workers.pruning.stream import run_block
 from workers.slicing.fusion import hidden_width
-from workers.slicing.pca import SecondMoment
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
-
-DEFAULT_LENS_TOKENS = 256
-
-
-class ProfileStopped(RuntimeError):
-    """should_stop() asked to stop; nothing was changed."""
-
-
-@dataclass(frozen=True)
-class LensReading:
-    """One signal at one kept width, read through the final norm and head (means over lens tokens)."""
-
-    width: int
-    kl: float  # KL(p || q) in nats, p dense, q from the projected signal
-    kl_taylor: float  # Var_p(dz) / 2
-    nll_increase: float  # mean of log p(next token) - log q(next token)
-
-
-@dataclass(frozen=True)
-class SignalProfile:
-    """One residual signal: its spectrum and its lens readings."""
-
-    index: int  # position in the stream: 0 the embedding output, then per block (pre-mlp,) output
-    kind: str  # "embedding" | "pre-mlp" (between attention and MLP) | "output" (the block output)
-    layer: int | None  # the block, None for the embedding output
-    eigenvalues: list[float]  # of the calibration windows' C / positions, descending (slicing's basis)
-    energy: list[float]  # share of each eigenvector in the measured windows' energy (sums to 1)
-    token_energy: list[float]  # share of each eigenvector in the normalised tokens' energy (sums to 1)
-    lens: list[LensReading]
-
-    @property
-    def name(self) -> str:
-        return signal_name(self.layer, self.kind)
-
-
-@dataclass
-class ProfileReport:
-    """What `profile_model` measured, for the job's rows."""
-
-    family: str
-    hidden_size: int
-    num_layers: int
-    sparsities: list[float]
-    round_to: int
-    widths: list[int]  # d per sparsity
-    calibration_sequences: int
-    calibration_tokens: int
-    lens_tokens: int
-    device: str
-    dtype: str
-    signals: list[SignalProfile]
-    timings: dict[str, Any] = field(default_factory=dict)
-    measured_tokens: int = 0  # positions the shares were measured on (the calibration's by default)
-    linears: list[LinearError] = field(default_factory=list)  # per block linear, in block order
-    mask_rules: list[str] = field(default_factory=list)
-    slicing_refusal: str | None = None  # why slicing cannot prune this model (then no pre-MLP signals)
-
-
-@dataclass
-class _LensRows:
-    """Where the lens positions sit in each calibration batch, and their next tokens."""
-
-    rows: list[torch.Tensor]  # per batch: (n_b,) row indices (possibly empty)
-    cols: list[torch.Tensor]  # per batch: (n_b,) position indices
-    labels: torch.Tensor  # (n,) next-token ids, in batch order
-
-    @classmethod
-    def choose(cls, input_ids: torch.Tensor, keep: torch.Tensor, batch_size: int, budget: int) -> _LensRows:
-        """`budget` positions spread evenly over every usable position of every window (a real token
-        followed by a real one, the attention sink left out), so the readings see every window and
-        both short and long contexts, not the first window's opening tokens alone."""
-        usable = keep[:, :-1].bool() & keep[:, 1:].bool()  # (N, T - 1)
-        usable[:, 0] = False  # the attention sink
-        r_all, c_all = usable.nonzero(as_tuple=True)  # (U,), row-major
-        count = min(budget, int(r_all.numel()))
-        picked = ((torch.arange(count, dtype=torch.float64) + 0.5) * r_all.numel() / max(count, 1)).long()
-        r_all, c_all = r_all[picked], c_all[picked]  # (n,), still in batch order
-        rows, cols, labels = [], [], []
-        for start in range(0, input_ids.shape[0], batch_size):
-            inside = (r_all >= start) & (r_all < start + batch_size)
-            r, c = r_all[inside] - start, c_all[inside]
-            rows.append(r)
-            cols.append(c)
-            labels.append(input_ids[start + r, c + 1])
-        return cls(rows, cols, torch.cat(labels))
-
-    def gather(self, batch_index: int, signal: torch.Tensor) -> torch.Tensor:
-        """The lens positions of one batch's signal (B, T, D) -> (n_b, D)."""
-        rows, cols = self.rows[batch_index], self.cols[batch_index]
-        return signal[rows.to(signal.device), cols.to(signal.device)]
-
-
-class _Signal:
-    """One signal's running moments over the batches, and its lens rows."""
-
-    def __init__(self, width: int, compute: torch.device, centred: bool, measured: bool) -> None:
-        """`measured`: the profile is measured on these windows, so they need the token energy's
-        moment too; windows that only give the basis (separate measured windows) skip it."""
-        self._raw = SecondMoment(width, compute)  # sum x x^T, in float64 as slicing sums it
-        # float32 products summed in float64, half the time: the token energy is a share, which
-        # they move by under 1e-6 relative on SmolLM2 (bench/README.md); the basis stays slicing's
-        normalised = SecondMoment(width, compute, torch.float32) if measured else None
-        self._normalised = normalised  # sum x x^T / |x|^2
-        self.lens_rows: list[torch.Tensor] = []
-        self.centred = centred
-
-    @property
-    def positions(self) -> int:
-        return self._raw.positions
-
-    @property
-    def raw(self) -> torch.Tensor:
-        """(D, D) float64: sum x x^T."""
-        return self._raw.matrix
-
-    @property
-    def normalised(self) -> torch.Tensor:
-        """(D, D) float64: sum x x^T / |x|^2 (only on the windows the profile is measured on)."""
-        assert self._normalised is not None, "the token energy is measured on the measured windows"
-        return self._normalised.matrix
-
-    def add(self, hidden: torch.Tensor, keep: torch.Tensor, lens: torch.Tensor | None) -> None:
-        """hidden (B, T, D), keep (B, T) bool, lens (n_b, D) the batch's lens rows (None: not
-        gathered). Both moments are slicing's `SecondMoment`s (float64 sums), padded positions left out."""
-        if self.centred:
-            hidden = _centre(hidden)
-            lens = None if lens is None else _centre(lens)
-        self._raw.add(hidden, keep)
-        if self._normalised is not None:
-            self._normalised.add(hidden, keep, unit_rows=True)
-        if lens is not None:
-            self.lens_rows.append(lens.detach())
-
-
-def _centre(x: torch.Tensor) -> torch.Tensor:
-    return x - x.mean(dim=-1, keepdim=True)
 
 
 @torch.no_grad()

@@ -56,7 +56,7 @@ def writers_in_frame(
 ) -> Iterator[bool]:
     """While inside, the writers of `branches` write in the frame of `basis` (Q^T W at full width,
     nothing dropped): a block whose input stream holds the first d coordinates of that frame then
-    adds its residual by padding, with no skip product (`engine._slice_sequential_block`,
+    adds its residual by padding, with no skip product (`block_slicing._slice_sequential_block`,
     "Frames"). On exit the original writers are back, so their final rotation is computed from
     them and adds no rounding.
 

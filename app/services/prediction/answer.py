@@ -14,64 +14,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import Services
 from app.problems import ProblemError
 from app.schemas.jobs import JobPublic
-from app.schemas.predictions import (
-    CalibrationPublic,
-    EstimatePublic,
-    MeasurementQueued,
-    MetricPredictionPublic,
-    MissingJobPublic,
-    PredictedPublic,
-    PredictionCreate,
-    PredictionPublic,
-)
-from app.schemas.records import verdict_public
+from app.schemas.predictions import MeasurementQueued, PredictionCreate, PredictionPublic
 from app.services.prediction import missing_jobs
-from app.services.prediction.law_values import (
-    calibrate,
-    calibration_public,
-    predict,
-    strict_law_public,
-    strict_value,
-)
-from app.services.prediction.profile_rung import BeforePruning, before_pruning_public, cached_before_pruning
-from app.services.prediction.rungs import Evidence, estimates
-from app.services.prediction.scored_curves import scored_curves
-from app.services.prediction.series import (
-    PPL,
-    Selector,
-    Series,
-    SeriesError,
-    SeriesKey,
-    caller_series,
-    finite,
-    load_series,
-    pooled_accuracy_prior,
-)
-from app.services.prediction.simulated import ProtocolKey, newest_simulation, simulation_records
-from app.services.prediction.simulated_scores import newest_simulated_scores
+from app.services.prediction.accuracy_prior import pooled_accuracy_prior
+from app.services.prediction.metric_answer import _calibration_of, _metric_prediction
+from app.services.prediction.rung_choice import _answer, _better_rungs, _evidence
+from app.services.prediction.series import PPL, Selector, Series, SeriesError, SeriesKey, caller_series
 from app.services.prediction.store_state import StateCache, StoreState, awaited_store_state, store_state
-from core.methods import simulated_methods, stored_method_entry
+from app.services.prediction.stored_series import load_series
+from core.methods import simulated_methods
 from core.model_sources import ModelSourceError, resolve_model
-from core.prediction.laws import Calibration, Prediction, PriorSlope, predict_strict_ppl
-from core.prediction.rungs import Estimate, best
-from core.profiles import METHOD_FEATURES
+from core.prediction.laws import PriorSlope
 from core.store import Store
 
 log = structlog.get_logger(__name__)
-
-STRICT_OFF_FLAG = 0.5
-"""Relative error on measured points above which a metric carries the `strict_law_off` flag."""
-
-STRICT_NOTE = "on the calibration points the strict law"
-"""How core.prediction.laws starts its note on the strict law's errors; the response's `strict_law`
-says it once."""
-
 
 ANSWER_CACHE_SIZE = 1024
 """Answers kept per process, keyed by the store's state and the request body."""
@@ -150,152 +111,6 @@ def _respond(body: PredictionCreate, services: Services, state: StoreState) -> A
         items.append(item)
     answer = PredictionPublic(model=model, method=body.method, level=body.level, metrics=items)
     return Answered(answer.model_dump_json().encode())
-
-
-def _evidence(
-    services: Services,
-    state: StoreState,
-    series: Series,
-    body: PredictionCreate,
-    calibration: Calibration | None,
-    model_ids: list[str],
-) -> Evidence:
-    """What the rungs of one metric read (`app.services.prediction.rungs.Evidence`): accuracy has the
-    measured, simulated (task scores compared with the series' stored dense score) and law rungs."""
-    if series.metric != PPL:
-        dense_id = None if series.dense is None else series.dense.result_id
-        if series.task is None or dense_id is None:
-            return Evidence(series, body.level, calibration)
-        with services.store.session() as session:  # it reads only where a cache misses
-            task_scores = newest_simulated_scores(
-                session, series.model, series.method, series.task, series.metric, dense_id, state
-            )
-        return Evidence(series, body.level, calibration, simulated_scores=task_scores)
-    assert series.dense is not None
-    if series.source == "store":
-        protocol: ProtocolKey = (series.seqlen, series.max_windows, series.dtype)
-    else:
-        protocol = (body.protocol.seqlen, body.protocol.max_windows, body.protocol.dtype)
-    method, level = series.method, body.level
-    with services.store.session() as session:  # it reads only where a cache misses
-        scored = scored_curves(session, method, level, state)
-        records = simulation_records(session, method, level, state)
-        simulation = newest_simulation(
-            session,
-            series.model,
-            method,
-            series.dataset,
-            protocol,
-            any_unset=series.source != "store",
-            state=state,
-        )
-        before = None
-        if method in METHOD_FEATURES:
-            before = _before_pruning(session, state, model_ids, body, series)
-    scores = {(score.predictor, score.mode): score for score in scored.scores}
-    return Evidence(series, level, calibration, scored.curves, scores, simulation, records, before)
-
-
-def _before_pruning(
-    session: Session, state: StoreState, model_ids: list[str], body: PredictionCreate, series: Series
-) -> BeforePruning | None:
-    """The profile-based predictions (`app.services.prediction.profile_rung`), when the model has a
-    stored profile, updated with the series' own pruned points. A profile the laws cannot use (say, a dense
-    perplexity they refuse) leaves the rest of the answer standing: logged, and the rung says so."""
-    assert series.dense is not None
-    try:
-        return cached_before_pruning(
-            session,
-            state,
-            sorted(set(model_ids)),
-            body.method,
-            series.dense.value,
-            body.sparsities,
-            body.level,
-            None if body.calibration is None else body.calibration.model_dump(),
-            [p.as_tuple for p in series.pruned],
-        )
-    except ValueError as error:
-        log.warning("no prediction from the profile", model=body.model, reason=str(error))
-        return None
-
-
-def _answer(item: MetricPredictionPublic, evidence: Evidence, body: PredictionCreate) -> None:
-    """Each prediction's answer from its rungs (`core.prediction.rungs.best`), the rest beside it."""
-    if evidence.before is not None:
-        item.before_pruning = before_pruning_public(evidence.before)
-    for predicted in item.predictions:
-        found = estimates(evidence, predicted.sparsity)
-        chosen = best(found, body.rung)
-        predicted.alternatives = [_estimate_public(e) for e in found]
-        if chosen is None:
-            predicted.value, predicted.band, predicted.rung, predicted.predictor = None, None, None, None
-            predicted.flags.append("no_answer")
-            wanted = "no rung" if body.rung == "best" else f"the {body.rung} rung"
-            predicted.notes.append(f"{wanted} can answer here: see `alternatives` for why each cannot")
-        else:
-            predicted.value, predicted.rung, predicted.predictor = (
-                finite(chosen.value),
-                str(chosen.rung),
-                chosen.predictor,
-            )
-            predicted.band = None if chosen.band is None else [finite(b) for b in chosen.band]
-            predicted.verdict = verdict_public(chosen.verdict)
-            predicted.flags.extend(f for f in chosen.flags if f not in predicted.flags)
-        if predicted.strict is not None and predicted.value:
-            predicted.strict_vs_value = finite(predicted.strict / predicted.value - 1.0)
-        else:
-            predicted.strict_vs_value = None
-
-
-def _estimate_public(estimate: Estimate) -> EstimatePublic:
-    return EstimatePublic(
-        rung=str(estimate.rung),
-        value=None if estimate.value is None else finite(estimate.value),
-        band=None if estimate.band is None else [finite(b) for b in estimate.band],
-        predictor=estimate.predictor,
-        source=estimate.source,
-        verdict=verdict_public(estimate.verdict),
-        why_not=estimate.why_not,
-        flags=list(estimate.flags),
-    )
-
-
-def _better_rungs(
-    services: Services,
-    item: MetricPredictionPublic,
-    evidence: Evidence,
-    body: PredictionCreate,
-    model_ids: set[str],
-) -> None:
-    """Name the jobs that would give a better rung (`missing`), and queue them with `measure_missing`;
-    none when every asked sparsity is measured already."""
-    if all(p.rung == "measured" for p in item.predictions):
-        return
-    jobs, why = missing_jobs.better_rungs(
-        body, evidence.series, simulated=evidence.simulation is not None, profiled=evidence.before is not None
-    )
-    item.notes.extend(why)
-    item.missing = [MissingJobPublic(kind=j.kind, gives=j.gives, job=j.body) for j in jobs]
-    if not body.measure_missing or not jobs:
-        return
-    active = missing_jobs.active_jobs(services, _with_canonical(services, model_ids), ("simulate", "profile"))
-    for job in jobs:
-        row, reused = missing_jobs.queue(services, job.body, active)
-        item.queued.append(JobPublic.model_validate(row))
-        log.info(
-            "prediction queued a better rung", model=body.model, job_id=row.id, kind=job.kind, reused=reused
-        )
-
-
-def _with_canonical(services: Services, model_ids: set[str]) -> set[str]:
-    ids = set(model_ids)
-    for model in model_ids:
-        try:
-            ids.add(resolve_model(model, services.settings).model_id)
-        except ModelSourceError:
-            continue
-    return ids
 
 
 def _caller_series(body: PredictionCreate) -> dict[SeriesKey, Series]:
@@ -415,137 +230,4 @@ def _missing_baseline(services: Services, body: PredictionCreate, missing: list[
             }
             for job in active
         ],
-    )
-
-
-# ------------------------------------------------------------------------------------------- answers
-
-
-def _calibration_of(series: Series, prior: PriorSlope | None) -> Calibration | None:
-    """The calibrated law of the series (None: no pruned point); 422 (your points) or 409 (the
-    store's) when the points cannot be fitted."""
-    try:
-        return calibrate(series, prior)
-    except SeriesError as error:
-        status, source = (422, "your points") if series.source == "caller" else (409, "the stored points")
-        raise ProblemError(
-            status,
-            f"{source} for {series.metric} cannot be fitted: {error}",
-            slug="unfittable-points",
-            title="Points cannot be fitted",
-        ) from error
-
-
-def _metric_prediction(
-    series: Series, body: PredictionCreate, calibration: Calibration | None
-) -> MetricPredictionPublic:
-    assert series.dense is not None
-    predictions = [_predicted(series, calibration, s, body.level) for s in body.sparsities]
-    strict_law = strict_law_public(series)
-    flags: list[str] = []
-    notes = list(series.notes)
-    if series.source == "caller":
-        flags.append("caller_points")
-    if calibration is None:
-        flags.append("strict_only")
-    else:
-        flags.extend(calibration.flags)
-    if strict_law is not None and (strict_law.max_abs_rel_error or 0.0) > STRICT_OFF_FLAG:
-        flags.append("strict_law_off")
-    entry = stored_method_entry(series.method)
-    if series.metric == PPL and entry is not None and not entry.strict_law_applies:
-        flags.append("strict_law_not_for_method")
-        notes.append(
-            f"the strict law is a slicing law; for {series.method} it is shown for reference only and the "
-            "calibrated law (an empirical curve of this method) is the prediction"
-        )
-    # what every prediction of this metric would repeat (law choice, its notes) is said once, here
-    shared = _shared_notes(series, calibration)
-    notes.extend(
-        note
-        for note in dict.fromkeys(n for p in predictions for n in p.notes)
-        if note in shared and not note.startswith(STRICT_NOTE)  # the verdict below says it
-    )
-    for p in predictions:
-        p.notes = [note for note in p.notes if note not in shared]
-    if strict_law is not None:
-        notes.append(strict_law.verdict)
-    fitted = calibration.chosen.points if calibration is not None else ()
-    return MetricPredictionPublic(
-        metric=series.metric,
-        task=series.task,
-        source=series.source,
-        protocol=series.protocol(),
-        baseline=series.dense.public(),
-        fitted_on=[p.public() for p in series.pruned_by_sparsity if p.as_tuple in fitted],
-        calibration=_calibration(calibration),
-        strict_law=strict_law,
-        predictions=predictions,
-        flags=flags,
-        notes=notes,
-    )
-
-
-def _shared_notes(series: Series, calibration: Calibration | None) -> set[str]:
-    assert series.dense is not None
-    if calibration is None:
-        return set(predict_strict_ppl(series.dense.value, 0.0).notes)
-    shared = {f"law chosen: {calibration.reason}", *calibration.notes, *calibration.chosen.notes}
-    probe = predict(calibration, min(p.sparsity for p in series.pruned), 0.5) if series.pruned else None
-    if probe is not None:
-        shared.update(n for n in probe.notes if n.startswith(STRICT_NOTE))
-    return shared
-
-
-def _calibration(calibration: Calibration | None) -> CalibrationPublic | None:
-    return calibration_public(calibration) if calibration is not None else None
-
-
-def _predicted(series: Series, calibration: Calibration | None, s: float, level: float) -> PredictedPublic:
-    assert series.dense is not None
-    strict = strict_value(series.dense.value, s) if series.metric == PPL else None
-    prediction: Prediction | None
-    if calibration is not None:
-        prediction = predict(calibration, s, level)
-        law = calibration.chosen.law
-    else:
-        try:
-            prediction = predict_strict_ppl(series.dense.value, s)
-        except OverflowError:
-            prediction = None
-        law = "strict"
-    if prediction is None:
-        return PredictedPublic(
-            sparsity=s,
-            value=None,
-            band=None,
-            level=level,
-            expected_rel_error=None,
-            law=law,
-            formula="",
-            params={},
-            strict=strict,
-            flags=["non_finite", "overflow"],
-            notes=["the law's value overflows a float here (it diverges as s -> 1); JSON carries null"],
-        )
-    value = finite(prediction.value)
-    band = [finite(prediction.band[0]), finite(prediction.band[1])] if prediction.band else None
-    flags = list(prediction.flags)
-    notes = list(prediction.notes)
-    if value is None or (band is not None and None in band):
-        flags.append("non_finite")
-        notes.append("null values are infinite: JSON has no infinity")
-    return PredictedPublic(
-        sparsity=s,
-        value=value,
-        band=band,
-        level=level,
-        expected_rel_error=finite(prediction.expected_rel_error),
-        law=prediction.law,
-        formula=prediction.formula,
-        params={name: finite(v) for name, v in prediction.params.items()},
-        strict=strict,
-        strict_vs_value=finite(strict / value - 1.0) if strict is not None and value else None,
-        flags=flags,
-        notes=notes,
     )

@@ -15,25 +15,16 @@ from app.schemas.predictions import (
     PredictionPublic,
     ProtocolSelector,
 )
+from app.services.prediction.accuracy_prior import pooled_accuracy_prior
 from app.services.prediction.answer import create_prediction
 from app.services.prediction.law_values import calibrate, calibration_public, strict_value
 from app.services.prediction.profile_rung import predict_before_pruning
-from app.services.prediction.series import (
-    PPL,
-    Selector,
-    Series,
-    SeriesError,
-    finite,
-    load_series,
-    pooled_accuracy_prior,
-)
+from app.services.prediction.series import PPL, Selector, Series, SeriesError, finite
 from app.services.prediction.simulated import newest_simulation
+from app.services.prediction.stored_series import load_series
 from app.services.profiles import newest_profiles
-from core.prediction.laws import (
-    DEFAULT_LEVEL,
-    Calibration,
-    Prediction,
-)
+from core.prediction.law_prediction import DEFAULT_LEVEL, Prediction
+from core.prediction.laws import Calibration
 from core.profiles import METHOD_FEATURES
 
 CURVE_GRID = tuple(round(i * 0.025, 3) for i in range(37))

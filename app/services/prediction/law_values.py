@@ -14,11 +14,10 @@ from app.schemas.predictions import (
     StrictLawPublic,
 )
 from app.services.prediction.series import PPL, Series, SeriesError, finite, n_options_for
+from core.prediction.law_prediction import FitQuality, Prediction
 from core.prediction.laws import (
     STRICT_FORMULA,
     Calibration,
-    FitQuality,
-    Prediction,
     PriorSlope,
     calibrate_acc,
     calibrate_ppl,

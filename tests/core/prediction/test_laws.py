@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
+from core.prediction.law_prediction import fit_quality
 from core.prediction.laws import (
     DEFAULT_ACC_PRIOR,
     calibrate_acc,
     calibrate_ppl,
-    fit_quality,
     pool_slopes,
     predict_strict_ppl,
     strict_ppl,

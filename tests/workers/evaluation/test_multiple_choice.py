@@ -16,7 +16,7 @@ from core.model_sources import ModelSourceError, resolve_model
 from core.settings import Settings
 from tests.tiny_models import VOCAB_SIZE, build_byte_tokenizer
 from workers.data import DataMissingError
-from workers.evaluation.loglikelihood import encode_request, loglikelihoods, mean_stderr
+from workers.evaluation.loglikelihood import encode_request, loglikelihoods
 from workers.evaluation.mc_formats import (
     TASKS,
     _arc_from_olmes,
@@ -25,6 +25,7 @@ from workers.evaluation.mc_formats import (
     load_task,
     task_names,
 )
+from workers.evaluation.model_facts import mean_stderr
 from workers.evaluation.multiple_choice import DocScore, doc_score, score_docs, score_task
 from workers.evaluation.perplexity import EvaluationStopped
 from workers.evaluation.task_data import (

@@ -20,7 +20,7 @@ from tests.workers.slicing.tiny import (
     token_ids,
 )
 from workers.architectures import detect_family
-from workers.slicing import engine
+from workers.slicing import block_slicing, engine
 from workers.slicing.engine import SlicingStopped, count_parameters, slice_model
 from workers.slicing.portable.sliced_modules import (
     BRANCHES,
@@ -274,7 +274,7 @@ def test_passes_written_in_their_input_frame_slice_as_the_skip_products_do(
     change of coordinates only: the sliced model equals the one whose passes run in the original
     basis through the skip products, and the writers keep no trace of the temporary rotation."""
     frames: list[bool] = []
-    in_frame = engine.writers_in_frame
+    in_frame = block_slicing.writers_in_frame
 
     @contextlib.contextmanager
     def recorded(*args: Any) -> Iterator[bool]:
@@ -284,7 +284,7 @@ def test_passes_written_in_their_input_frame_slice_as_the_skip_products_do(
 
     models = {}
     for label, frame in (("frames", recorded), ("skips", _in_the_original_basis)):
-        monkeypatch.setattr(engine, "writers_in_frame", frame)
+        monkeypatch.setattr(block_slicing, "writers_in_frame", frame)
         models[label] = build(case)
         slice_model(models[label], token_ids(6, 16, seed=1), None, 0.25, batch_size=4)
     assert frames and all(frames), "no pass ran in its input's frame"
