@@ -29,26 +29,20 @@ import argparse
 import copy
 import gc
 import json
-import os
-import platform
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import harness
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from workers.architectures import match_structure  # noqa: E402
-from workers.evaluation.perplexity import perplexity  # noqa: E402
-from workers.offload import offload, suspended  # noqa: E402
-from workers.probing.endpoint import model_probe  # noqa: E402
-from workers.pruning import prune_model  # noqa: E402
-from workers.slicing.engine import slice_model  # noqa: E402
+from workers.architectures import match_structure
+from workers.evaluation.perplexity import perplexity
+from workers.offload import offload, suspended
+from workers.probing.endpoint import model_probe
+from workers.pruning import prune_model
+from workers.simulation.curve import simulate_curve
+from workers.slicing.engine import slice_model
 
 SMOLLM2 = {  # SmolLM2-135M's architecture (config.json of HuggingFaceTB/SmolLM2-135M)
     "hidden_size": 576,
@@ -62,6 +56,8 @@ SMOLLM2 = {  # SmolLM2-135M's architecture (config.json of HuggingFaceTB/SmolLM2
     "tie_word_embeddings": True,
     "vocab_size": 49152,
 }
+SIMULATED = (("slicegpt", 0.25), ("wanda", 0.5))
+"""The simulate job's engine at the check's sparsities: its face value is compared like a perplexity."""
 TOLERANCE = {"float32": {"ppl": 1e-3, "kl": 1e-3}, "bfloat16": {"ppl": 5e-2, "kl": 2.5e-1}}
 CONFIGURATIONS = (  # (name, device, dtype, offloaded)
     ("cpu-fp32", "cpu", torch.float32, False),
@@ -76,17 +72,10 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(a fresh-weights factory, token ids to score, what the model is)."""
     if not args.random:
         try:
-            from core.model_sources import resolve_model
-            from core.settings import Settings
-            from workers.data import load_wikitext2_test, tokenize_corpus
-            from workers.loading import load_model
-
-            settings = Settings()
-            loaded = load_model(
-                resolve_model("smollm2-135m", settings), settings, dtype="float32", device="cpu"
-            )
+            settings = harness.settings_for(args)
+            loaded = harness.load_dense("smollm2-135m", settings)
             folder = loaded.path
-            ids = tokenize_corpus(loaded.tokenizer, load_wikitext2_test(settings), settings=settings)
+            ids = harness.wikitext_ids(loaded, settings)
 
             def packaged() -> Any:
                 return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -157,6 +146,8 @@ def run_configuration(
         "offloaded": offloaded,
     }
     out["dense_ppl"] = timed("dense_ppl_s", lambda: ppl(dense))
+    windows = ids[: args.windows * args.seqlen].reshape(args.windows, args.seqlen)  # (W, T)
+    out.update(simulate(dense, windows, calibration, compute, timed))
 
     def pruned(step: str, engine: Any) -> Any:
         """A fresh copy placed like the dense one, pruned by `engine(model)` with the streaming
@@ -185,13 +176,31 @@ def run_configuration(
     return out
 
 
+def simulate(
+    dense: Any, windows: torch.Tensor, calibration: torch.Tensor, compute: torch.device, timed: Any
+) -> dict[str, float]:
+    """The simulate job's engine on the dense model at each of SIMULATED: its face values."""
+    found = {}
+    with suspended(dense):  # the simulation streams blocks itself, and leaves the model unchanged
+        for method, sparsity in SIMULATED:
+            simulated = timed(
+                f"simulate_{method}_s",
+                lambda method=method, sparsity=sparsity: simulate_curve(
+                    dense, method, windows, [sparsity], calibration_ids=calibration, device=compute
+                ),
+            )
+            found[f"simulated_{method}_ppl"] = simulated.points[0].scores.ppl
+    return found
+
+
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Relative differences against cpu-fp32 and the verdict per configuration."""
     reference = runs.get("cpu-fp32")
     verdicts: dict[str, Any] = {}
     if reference is None:
         return verdicts
-    keys = ("dense_ppl", "slicing_ppl", "wanda_ppl", "probe_final_kl")
+    simulated = (f"simulated_{method}_ppl" for method, _ in SIMULATED)
+    keys = ("dense_ppl", "slicing_ppl", "wanda_ppl", "probe_final_kl", *simulated)
     for name, run in runs.items():
         if name.startswith("cpu-"):
             continue  # the reference, and its offloaded twin (compared below)
@@ -211,39 +220,34 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--devices", nargs="*", default=["cpu", "cuda"])
-    parser.add_argument(
+    made = harness.parser(__doc__, "gpu_check", threads=torch.get_num_threads())
+    harness.add_store_args(made)
+    made.add_argument("--devices", nargs="*", default=["cpu", "cuda"])
+    made.add_argument(
         "--random", action="store_true", help="random weights even where the packaged model exists"
     )
-    parser.add_argument("--windows", type=int, default=8)
-    parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--calibration", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out" / "gpu_check.json")
-    args = parser.parse_args()
+    made.add_argument("--windows", type=int, default=8)
+    made.add_argument("--seqlen", type=int, default=512)
+    made.add_argument("--calibration", type=int, default=32)
+    args = made.parse_args()
     if "cuda" in args.devices and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here; run with --devices cpu for a dry run")
+    harness.use_threads(args.threads)  # default: torch's own count
     fresh, ids, description = build_model(args)
-    result: dict[str, Any] = {
-        "model": description,
-        "protocol": {
+    result = harness.start_report(
+        model=description,
+        protocol={
             "seqlen": args.seqlen,
             "windows": args.windows,
             "calibration": [args.calibration, args.seqlen],
         },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "runs": {},
-    }
+        runs={},
+    )
     for name, device, dtype, offloaded in CONFIGURATIONS:
         if device in args.devices:
             result["runs"][name] = run_configuration(name, device, dtype, offloaded, fresh, ids, args)
     result["verdicts"] = compare(result["runs"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    harness.finish_report(args.out, result)
     print(json.dumps(result["verdicts"], indent=2))
 
 

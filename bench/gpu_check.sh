@@ -20,3 +20,6 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu_check.log" || true
 timeout 540 python3 bench/gpu_check.py --out "$out/gpu_check.json" "$@" 2>&1 | tee -a "$out/gpu_check.log"
+# The scale step (Llama-3-8B's shape, random bf16 weights built on the device): its own budget, so a
+# slow card still leaves the check above whole.
+timeout 360 python3 bench/gpu_scale.py --out "$out/gpu_scale.json" 2>&1 | tee -a "$out/gpu_check.log" || true

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.prediction.paired_docs import DEFAULT_DOC_PRECISION
 from core.prediction.paired_windows import DEFAULT_PRECISION
 from core.text import invalid_strings
 
@@ -36,6 +37,13 @@ PRECISION_DESCRIPTION = (
     "windows are added in a seeded order, a few at a time, and a pruned or simulated model is paired "
     "with the dense model's own per-window NLL, so the band covers the full-window value "
     "(docs/science.md §4). null: every window (the full-window value itself)."
+)
+DOC_PRECISION_DESCRIPTION = (
+    "Stop scoring a task's docs when the 95 % band on each score is within this half width, in "
+    "accuracy (0.02: ±2 points): docs are added in a seeded order, a few at a time, paired with the "
+    "dense model's right-or-wrong record on every doc, so the band covers the every-doc score "
+    "(docs/science.md §4). Multiple choice and GSM8K pair; LAMBADA (its perplexity is not right or "
+    "wrong per doc) scores every doc. null: every doc."
 )
 
 
@@ -148,6 +156,13 @@ class AccuracySpec(StrictModel):
     batch_size: int = Field(
         16, ge=1, le=512, description="Options scored, or prompts generated, per forward pass."
     )
+    precision: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description=DOC_PRECISION_DESCRIPTION + " Measured jobs default to null: a CI gate compares "
+        "every-doc scores unless it asks for a band.",
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -155,6 +170,18 @@ class AccuracySpec(StrictModel):
         if len(set(value)) != len(value):
             raise ValueError("tasks lists the same task twice")
         return value
+
+
+class SimulatedAccuracySpec(AccuracySpec):
+    """A simulation's tasks: the same protocol, scored to the default precision unless asked."""
+
+    precision: float | None = Field(
+        DEFAULT_DOC_PRECISION,
+        gt=0.0,
+        lt=1.0,
+        description=DOC_PRECISION_DESCRIPTION
+        + f" Simulations default to {DEFAULT_DOC_PRECISION:g}: the cheap answer.",
+    )
 
 
 # Longest calibration text a request may carry (characters). The request body limit

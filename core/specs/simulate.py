@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from core.methods import METHODS, STOCK_LAYOUT, UNSTRUCTURED, Simulation, simulated_methods
-from core.specs.common import AccuracySpec, CalibrationSpec, ModelSpec, SimulatedPerplexitySpec
+from core.specs.common import CalibrationSpec, ModelSpec, SimulatedAccuracySpec, SimulatedPerplexitySpec
 from core.specs.pruning import LAYOUT_DESCRIPTION, ROUND_TO_DESCRIPTION, SLICE_HEAD_DESCRIPTION, SlicedLayout
 
 SimulatedMethod = Literal["slicegpt", "magnitude", "magnitude-row", "wanda", "sparsegpt"]
@@ -93,13 +93,14 @@ class SimulateJobCreate(ModelSpec):
         "full-split value.",
     )
 
-    accuracy: AccuracySpec | None = Field(
+    accuracy: SimulatedAccuracySpec | None = Field(
         None,
         description="Tasks to score on each simulated sparsity's model, as a prune job scores its pruned "
         "model (the dense scores reused when model, data and this protocol match): multiple choice, "
         "LAMBADA and GSM8K alike, through the model's own forward with the signals projected or the "
-        "weights masked as at face value. Each sparsity costs one scoring of the tasks. Anchors are not "
-        "task-scored; null: none.",
+        "weights masked as at face value. With `precision` (default 0.02) each sparsity scores a "
+        "seeded subset of the docs paired with the dense model's, and its band covers the every-doc "
+        "score; null scores every doc. Anchors are not task-scored; null: none.",
     )
 
     @field_validator("sparsities", "anchors")

@@ -17,11 +17,13 @@ from sqlalchemy.orm import Session
 
 from core.methods import DENSE
 from core.model_sources import ModelSource
+from core.prediction.paired_docs import DocEstimate
 from core.specs.common import AccuracySpec
 from core.tables import Result
 from core.tasks import task_info
 from workers.context import JobContext, JobFailure
 from workers.data import DataMissingError
+from workers.evaluation.paired_tasks import pairs, score_paired
 from workers.evaluation.perplexity import EvaluationStopped
 from workers.evaluation.task_data import TaskDataError, docs_sha256
 from workers.evaluation.task_scoring import (
@@ -90,10 +92,14 @@ def measure_accuracy(
     start: float,
     end: float,
     detail_prefix: str = "",
+    dense: dict[str, DenseAccuracy] | None = None,
+    order_seed: int = 0,
 ) -> list[ScoredTask]:
     """Score `model` on each task in turn, reporting `stage` with detail '<task> i/N' within
-    [start, end] of the job; stops at the next batch when the job must stop."""
-    results = []
+    [start, end] of the job; stops at the next batch when the job must stop. With `spec.precision`
+    and the dense model's right-or-wrong record of a task in `dense`, the task's docs are scored in
+    the seeded order until the paired band reaches the precision (`score_paired`)."""
+    results: list[ScoredTask] = []
     for position, name in enumerate(tasks):
         low = stage_progress(start, end, position, len(tasks))
         high = stage_progress(start, end, position + 1, len(tasks))
@@ -103,22 +109,54 @@ def measure_accuracy(
         def report(done: int, total: int, low: float = low, high: float = high, detail: str = detail) -> None:
             context.report(stage, stage_progress(low, high, done, total), detail)
 
-        try:
-            results.append(
-                score_requested_task(
-                    model,
-                    tokenizer,
-                    request_for(spec, name),
-                    progress=report,
-                    should_stop=context.should_stop,
-                )
+        def look(
+            found: dict[str, DocEstimate], low: float = low, high: float = high, detail: str = detail
+        ) -> None:
+            first = next(iter(found.values()))
+            band = max(e.half_width for e in found.values())
+            context.report(
+                stage,
+                stage_progress(low, high, first.docs, first.of_docs),
+                f"{detail}: doc {first.docs} of at most {first.of_docs}, band ±{100 * band:.1f} points",
             )
+
+        request = request_for(spec, name)
+        record = None if dense is None or name not in dense else dense_record(dense[name])
+        try:
+            if spec.precision is not None and record is not None and pairs(request):
+                results.append(
+                    score_paired(
+                        model,
+                        tokenizer,
+                        request,
+                        record,
+                        spec.precision,
+                        order_seed,
+                        on_look=look,
+                        should_stop=context.should_stop,
+                    )
+                )
+            else:
+                results.append(
+                    score_requested_task(
+                        model, tokenizer, request, progress=report, should_stop=context.should_stop
+                    )
+                )
         except EvaluationStopped:
             context.check_stop()
             raise
         except (TaskDataError, DataMissingError, ValueError) as error:
             raise JobFailure(f"accuracy on {name}: {error}") from error
     return results
+
+
+def dense_record(dense: DenseAccuracy) -> dict[str, list[int]] | None:
+    """The dense model's right-or-wrong record of every metric of a task, None where a row lacks one
+    (stored before records were kept, or a task whose metrics are not right or wrong per doc)."""
+    record = {metric: row.protocol.get("doc_scores") for metric, row in dense.results.items()}
+    if any(rights is None for rights in record.values()):
+        return None
+    return {metric: list(rights) for metric, rights in record.items() if rights is not None}
 
 
 def _dense_rows(
@@ -195,6 +233,7 @@ def dense_accuracy(
             sparsity=0.0,
             seed=seed,
             environment=environment,
+            keep_docs=True,
         )
         context.add_results(rows_measured)
         found[measured.task] = DenseAccuracy({row.metric: row for row in rows_measured}, False)

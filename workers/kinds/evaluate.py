@@ -84,5 +84,6 @@ def run(context: JobContext) -> None:
                     sparsity=0.0,
                     seed=spec.seed,
                     environment=environment,
+                    keep_docs=True,
                 )
             )

@@ -52,7 +52,9 @@ def run(context: JobContext) -> None:
         end=measured_end,
         artifact_folder=job_folder(context.settings, context.job_id) if spec.save_artifact else None,
     )
-    scored = score_pruned_accuracy(context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0)
+    scored = score_pruned_accuracy(
+        context, prepared, spec.accuracy, outcome, start=measured_end, end=1.0, order_seed=spec.seed
+    )
     timings = {**prepared.timings, **outcome.timings, "total_s": lap(started)}
     tag = None if context.parent_id is None else {"sweep_job_id": context.parent_id}  # a sweep's child
     context.add_results(

@@ -298,8 +298,10 @@ def score_pruned_accuracy(
     start: float,
     end: float,
     detail_prefix: str = "",
+    order_seed: int = 0,
 ) -> list[ScoredTask]:
-    """Score the pruned model on the prepared tasks (none when the job asked for no accuracy)."""
+    """Score the pruned model on the prepared tasks (none when the job asked for no accuracy); with
+    the accuracy's `precision`, on docs in the order `order_seed` draws, paired with the dense ones."""
     if accuracy is None:
         return []
     started = time.perf_counter()
@@ -313,6 +315,8 @@ def score_pruned_accuracy(
         start=start,
         end=end,
         detail_prefix=detail_prefix,
+        dense=prepared.dense_accuracy,
+        order_seed=order_seed,
     )
     outcome.timings["accuracy_s"] = lap(started)
     return scored

@@ -34,6 +34,7 @@ from core.specs.jobs import PruneJobCreate
 from core.specs.simulate import SimulateJobCreate
 from core.tables import Result
 from workers.data import TextCorpus
+from workers.evaluation.paired_tasks import doc_record
 from workers.evaluation.perplexity import PerplexityResult
 from workers.evaluation.task_scoring import FEWSHOT_SEED, ScoredTask
 from workers.kinds.job_data import Measured, Prepared, PruningJob
@@ -132,10 +133,12 @@ def accuracy_results(
     environment: dict[str, Any],
     extra_protocol: dict[str, dict[str, Any]] | None = None,
     source_kind: str = "measured",
+    keep_docs: bool = False,
 ) -> list[Result]:
     """One row per metric the task defines. `extra_protocol` maps a metric to protocol entries
     for its row only (e.g. the dense result a pruned accuracy compares with); `source_kind` is the
-    rows' `source` (a simulation's scores are `simulated`)."""
+    rows' `source` (a simulation's scores are `simulated`). `keep_docs` (the dense scores) stores
+    each metric's right-or-wrong record per doc, which pruned scores pair with (`paired_tasks`)."""
     protocol: dict[str, Any] = {
         **measured.protocol,
         "task": measured.task,
@@ -147,6 +150,7 @@ def accuracy_results(
         **environment,
     }
     values = measured.metric_values()
+    record = doc_record(measured) if keep_docs else None
     return [
         Result(
             model_id=source.model_id,
@@ -160,7 +164,11 @@ def accuracy_results(
             stderr=stderr,
             n=measured.n,
             source=source_kind,
-            protocol={**protocol, **(extra_protocol or {}).get(metric, {})},
+            protocol={
+                **protocol,
+                **(extra_protocol or {}).get(metric, {}),
+                **({"doc_scores": record[metric]} if record is not None else {}),
+            },
         )
         for metric, (value, stderr) in values.items()
     ]

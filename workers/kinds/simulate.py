@@ -132,7 +132,7 @@ def run(context: JobContext) -> None:
     scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
     if spec.accuracy is not None:
         tasks_started = time.perf_counter()
-        scored = _score_tasks(context, prepared, spec.accuracy, report, start=simulated_end)
+        scored = _score_tasks(context, prepared, spec.accuracy, report, start=simulated_end, seed=spec.seed)
         timings["accuracy_s"] = lap(tasks_started)
     timings["total_s"] = lap(started)
     rows = simulated_results(prepared, spec, report, available, timings, estimates)
@@ -368,8 +368,10 @@ def _score_tasks(
     report: SimulationReport,
     *,
     start: float,
+    seed: int,
 ) -> list[tuple[SimulatedModel, list[ScoredTask]]]:
-    """Each simulated sparsity's whole model scored on the job's tasks, one after the other."""
+    """Each simulated sparsity's whole model scored on the job's tasks, one after the other (to the
+    accuracy's precision, on docs in the order `seed` draws, paired with the dense ones)."""
     tasks = [plan.name for plan in prepared.accuracy_plans]
     model = prepared.loaded.model
     scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
@@ -388,6 +390,8 @@ def _score_tasks(
                 start=low,
                 end=high,
                 detail_prefix=prefix,
+                dense=prepared.dense_accuracy,
+                order_seed=seed,
             )
         scored.append((simulated, found))
     return scored

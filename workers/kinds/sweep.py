@@ -132,7 +132,14 @@ def _measure_in_turn(
             detail_prefix=prefix,
         )
         scored = score_pruned_accuracy(
-            context, prepared, spec.accuracy, outcome, start=measured_end, end=end, detail_prefix=prefix
+            context,
+            prepared,
+            spec.accuracy,
+            outcome,
+            start=measured_end,
+            end=end,
+            detail_prefix=prefix,
+            order_seed=spec.seed,
         )
         timings.update(outcome.timings)
         timings["point_s"] = lap(point_started)

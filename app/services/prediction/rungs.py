@@ -192,7 +192,8 @@ def _interpolated(
 def _simulated_score(evidence: Evidence, s: float) -> Estimate:
     """A task score of the newest simulation compared with the series' dense score: at a simulated
     sparsity its value, between two (the dense score counting as s = 0) linear in s; the band is the
-    task's sampling error alone (normal, within [0, 1]), since no record yet says how far a simulated
+    task's sampling error, with the paired band for the every-doc score added where the score rests
+    on a subset of the docs (normal, within [0, 1]), since no record yet says how far a simulated
     score falls from a measured one, except where the simulated model is the pruned model itself."""
     scores = evidence.simulated_scores
     if scores is None:
@@ -217,7 +218,8 @@ def _simulated_score(evidence: Evidence, s: float) -> Estimate:
         what = Verdict(
             "exact",
             "exact by construction: the simulated model is the pruned model itself (its masks or bases); "
-            "the band is the task's sampling error",
+            "the band is the task's sampling error (and, on a subset of the docs, the paired band for "
+            "the every-doc score)",
         )
     else:
         what = Verdict(

@@ -1,7 +1,9 @@
 """The task scores a `simulate` job with `accuracy` stored (`source: simulated`): each simulated
 sparsity's whole model scored on a task, beside the dense score it compares with. A simulated score
 answers an accuracy question only under that dense score's protocol (the same docs, few-shot draw and
-dtype), so it is found through the dense result it names rather than by matching protocol keys.
+dtype), so it is found through the dense result it names rather than by matching protocol keys. A
+score scored to a precision rests on a seeded subset of the docs paired with the dense score's
+(`paired_docs` in its protocol); its stderr then adds the paired band's to the task's sampling error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.services.prediction.simulated import simulated_rows
 from app.services.prediction.store_state import StateCache, StoreState, store_state
 from core.prediction.anchoring import SIMULATED_ROLE
+from core.tables import Result
 
 CACHE_SIZE = 256
 _newest = StateCache(CACHE_SIZE)
@@ -62,6 +65,21 @@ def _newest_scores(
     describe = f"task scores simulated by job {job_id}: {simulation.get('engine')}" + (
         f", {simulation.get('bases')} bases" if simulation.get("bases") else ""
     )
+    describe += "; " + _docs_said(mine, metric)
     exact = all((row.protocol.get("simulation") or {}).get("exact") for row in mine)
     points = tuple((row.sparsity, row.value, row.stderr) for row in mine)
     return SimulatedScores(job_id, points, exact, describe)
+
+
+def _docs_said(rows: list[Result], metric: str) -> str:
+    """Which docs each simulated score rests on: every doc, or k of N paired with the dense docs."""
+    said = []
+    for row in rows:
+        paired = (row.protocol.get("paired_docs") or {}).get(metric)
+        docs = (
+            f"every doc ({row.n})"
+            if paired is None or paired["docs"] == paired["of_docs"]
+            else (f"{paired['docs']} of {paired['of_docs']} docs paired with the dense score's")
+        )
+        said.append(f"s={row.sparsity:g} on {docs}")
+    return ", ".join(said)
