@@ -38,6 +38,15 @@ from workers.slicing.engine import slice_model
 
 LLAMA3_8B = {"hidden": 4096, "intermediate": 14336, "layers": 32, "heads": 32, "kv_heads": 8, "vocab": 128256}
 DRY_RUN = {"hidden": 256, "intermediate": 512, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 1024}
+CONFIG_FIELDS = {
+    "hidden": "hidden_size",
+    "intermediate": "intermediate_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "vocab": "vocab_size",
+}
+"""The shape's names -> LlamaConfig's."""
 PEAK_BF16_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H200": 989.0}
 """Dense bf16 tensor-core peaks (no sparsity) by a substring of torch.cuda.get_device_name."""
 
@@ -63,16 +72,9 @@ def shape(args: argparse.Namespace) -> dict[str, int]:
 
 def build(dims: dict[str, int], device: torch.device, dtype: torch.dtype) -> Any:
     """Llama of the given shape with seeded random weights, made directly on `device` in `dtype`."""
+    sized = {CONFIG_FIELDS[name]: value for name, value in dims.items()}
     config = transformers.LlamaConfig(
-        hidden_size=dims["hidden"],
-        intermediate_size=dims["intermediate"],
-        num_hidden_layers=dims["layers"],
-        num_attention_heads=dims["heads"],
-        num_key_value_heads=dims["kv_heads"],
-        vocab_size=dims["vocab"],
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        tie_word_embeddings=False,
+        **sized, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False
     )
     torch.manual_seed(0)
     previous = torch.get_default_dtype()

@@ -105,14 +105,20 @@ def add_calibration_args(
     made.add_argument("--calibration-seed", type=int, default=seed, help="default: the job's seed")
 
 
-def add_slicing_args(made: argparse.ArgumentParser, sparsity: float = 0.25) -> None:
-    """What the benches that call the slicing engine directly take (no job, so no job seed):
-    `--sparsity`, the calibration's corpus, windows and length, and `--seed` of its draw."""
+def slicing_parser(doc: str | None, name: str, sparsity: float = 0.25) -> argparse.ArgumentParser:
+    """The parser of a bench that calls the slicing engine directly (no job, so no job seed): the
+    model, store folders, a 2048 x 4 protocol, `--sparsity`, the calibration's corpus, windows and
+    length, and `--seed` of its draw."""
+    made = parser(doc, name)
+    add_model_args(made)
+    add_store_args(made)
+    add_protocol_args(made, seqlen=2048, windows=4)
     made.add_argument("--sparsity", type=float, default=sparsity)
     made.add_argument("--calibration-sequences", type=int, default=128)
     made.add_argument("--calibration-length", type=int, default=512)
     made.add_argument("--calibration-corpus", default="boolq-passages")
     made.add_argument("--seed", type=int, default=42)
+    return made
 
 
 def add_protocol_args(made: argparse.ArgumentParser, seqlen: int = 512, windows: int = 4) -> None:

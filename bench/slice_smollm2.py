@@ -100,11 +100,7 @@ def parameter_bytes(module: torch.nn.Module) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = harness.parser(__doc__, "slice_smollm2")
-    harness.add_model_args(parser)
-    harness.add_store_args(parser)
-    harness.add_protocol_args(parser, seqlen=2048, windows=4)
-    harness.add_slicing_args(parser)
+    parser = harness.slicing_parser(__doc__, "slice_smollm2")
     parser.add_argument("--batch-size", type=int, default=8, help="calibration batch size of the engine")
     parser.add_argument("--round-to", type=int, default=8)
     parser.add_argument("--no-eval", action="store_true", help="skip both perplexity evaluations")

@@ -45,11 +45,7 @@ from workers.slicing.stock import DEFAULT_POOLING, Pooling, slice_model_stock
 
 
 def parse_args() -> argparse.Namespace:
-    parser = harness.parser(__doc__, "stock_layout_smollm2")
-    harness.add_model_args(parser)
-    harness.add_store_args(parser)
-    harness.add_protocol_args(parser, seqlen=2048, windows=4)
-    harness.add_slicing_args(parser)
+    parser = harness.slicing_parser(__doc__, "stock_layout_smollm2")
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
