@@ -17,6 +17,7 @@ from workers.probing.head import Float32Head
 from workers.pruning.recording import InputStatistic
 from workers.pruning.rules import LINEAR_RULES
 from workers.pruning.stream import PruningStopped
+from workers.simulation.basis_regression import DenseReference
 from workers.simulation.masking import MaskedTrack, Masking, simulate_masked
 from workers.simulation.projection import (
     BasisStream,
@@ -52,6 +53,9 @@ class SimulationReport:
     simulation: str  # core.methods.Simulation
     bases: str | None  # slicing: "sequential", "dense" or "stock"; None for the mask methods
     basis_windows: int | None  # sequential bases: calibration windows each sparsity's come from
+    basis_estimator: (
+        str | None
+    )  # sequential bases from a subset: "subset" or "regression" (every window: None)
     family: str
     hidden_size: int
     num_layers: int
@@ -68,6 +72,7 @@ class SimulationOptions:
     layout: str | None = None  # slicing: None or "per-layer", or "stock"
     bases: str = "sequential"  # per-layer slicing: "sequential" or "dense" (`projection` says which is what)
     basis_windows: int | None = None  # sequential bases: the first N calibration windows (None: all)
+    basis_estimator: str = "subset"  # sequential bases from fewer windows: "subset" or "regression"
     round_to: int = 8  # slicing's kept width d rounded down to a multiple of this
     slice_head: bool | None = None  # slicing: project the last block output too (None: the family's default)
     calibration_batch_size: int = 8  # calibration windows per block call
@@ -131,6 +136,7 @@ def simulate_curve(
         simulation=entry.simulation.value,
         bases=None,
         basis_windows=None,
+        basis_estimator=None,
         family=adapter.name,
         hidden_size=hidden_width(model, adapter),
         num_layers=len(adapter.blocks(model)),
@@ -233,6 +239,8 @@ def _simulate_slicing(
             report.basis_windows = sequences(
                 calibration[: batches_holding(calibration, options.basis_windows)]
             )
+            if report.basis_windows < sequences(calibration):
+                report.basis_estimator = options.basis_estimator
     tracks = [
         ProjectedTrack(
             s,
@@ -246,7 +254,7 @@ def _simulate_slicing(
     ]
     calibration.clear()
     evaluation.clear()
-    simulate_projected(model, projection, streams, tracks, progress, should_stop)
+    report.timings["bases"] = simulate_projected(model, projection, streams, tracks, progress, should_stop)
     return list(tracks)
 
 
@@ -259,7 +267,8 @@ def _per_layer_streams(
 ) -> tuple[list[BasisStream], list[tuple[float, str, BasisStream | None]]]:
     """The calibration streams of per-layer slicing, and each track's: one dense stream for `dense`
     bases; for `sequential` ones a stream per sparsity over the first `basis_windows`, projected at its
-    width; an anchor's over every window."""
+    width (with the `regression` estimator, all of them corrected by one dense reference stream over
+    every window when the subset is fewer); an anchor's over every window."""
     streams: list[BasisStream] = []
     sources: list[tuple[float, str, BasisStream | None]] = []
     if options.bases == "dense":
@@ -268,8 +277,12 @@ def _per_layer_streams(
         sources += [(s, SIMULATED, shared) for s in sparsities]
     else:
         subset = calibration[: batches_holding(calibration, options.basis_windows)]
+        reference = None
+        if options.basis_estimator == "regression" and len(subset) < len(calibration):
+            reference = DenseReference(fork(calibration), subset=len(subset))
         for sparsity in sparsities:
-            streams.append(BasisStream(fork(subset), sliced_width(full, sparsity, options.round_to)))
+            width = sliced_width(full, sparsity, options.round_to)
+            streams.append(BasisStream(fork(subset), width, reference=reference))
             sources.append((sparsity, SIMULATED, streams[-1]))
     for sparsity in anchors:
         streams.append(BasisStream(fork(calibration), sliced_width(full, sparsity, options.round_to)))

@@ -31,6 +31,7 @@ W T D per sparsity).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,12 @@ from torch import nn
 from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch, move_to
 from workers.pruning.stream import walk_blocks
+from workers.simulation.basis_regression import (
+    CrossMoment,
+    DenseReference,
+    measure_reference,
+    regressed_moment,
+)
 from workers.simulation.tracks import ProgressCallback, StopCheck, Track
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
@@ -52,11 +59,14 @@ Advance = Callable[[BlockBatch], torch.Tensor]
 @dataclass
 class BasisStream:
     """Calibration windows whose signals give bases: projected at `width` as they go (sequential), or
-    left dense (`width` None: one stream serving every sparsity)."""
+    left dense (`width` None: one stream serving every sparsity). A sequential stream over a subset
+    with a `reference` takes each basis from its moment regressed onto every window
+    (`workers.simulation.basis_regression`)."""
 
     batches: list[BlockBatch]
     width: int | None
     basis: torch.Tensor | None = None  # (D, D) float64: the current signal's eigenvectors
+    reference: DenseReference | None = None
 
 
 @dataclass
@@ -81,6 +91,17 @@ class Projection:
     shared: torch.Tensor | None = None  # the stock layout's one basis (D, D)
 
 
+@dataclass
+class Streams:
+    """Every calibration stream of a simulation: the dense references first (the corrected streams
+    read their current signal), then the basis streams; `seconds` they took, their moments and
+    eigendecompositions included."""
+
+    references: list[DenseReference]
+    bases: list[BasisStream]
+    seconds: float = 0.0
+
+
 def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tensor:
     """hidden Q_d Q_dᵀ: the signal's part in the top-`width` directions, in the signal's dtype. Where
     fewer directions are dropped than kept it subtracts the dropped part instead, h - h Q_r Q_rᵀ (the
@@ -102,31 +123,37 @@ def simulate_projected(
     tracks: list[ProjectedTrack],
     progress: ProgressCallback | None,
     should_stop: StopCheck | None,
-) -> None:
+) -> float:
     """Run every stream and track through the blocks (one block on the device at a time), each signal
-    projected as the module docstring says; the tracks' batches end at the last block's output."""
+    projected as the module docstring says; the tracks' batches end at the last block's output.
+    Returns the seconds the calibration streams took (the rest went to the tracks)."""
     adapter = projection.adapter
     blocks = adapter.blocks(model)
-    _signal(projection, streams, tracks, lambda batch: batch.hidden.to(projection.compute), last=False)
+    references = {id(s.reference): s.reference for s in streams if s.reference is not None}
+    calibration = Streams(list(references.values()), streams)
+    _signal(projection, calibration, tracks, lambda batch: batch.hidden.to(projection.compute), last=False)
     for index, block in walk_blocks(
         blocks, compute=projection.compute, home=projection.home, progress=progress, should_stop=should_stop
     ):
         last = index == len(blocks) - 1
         if adapter.is_parallel(block):
             parallel = ParallelSkipConnectedBlock(block, adapter)  # identity skip: the dense block
-            _signal(projection, streams, tracks, _whole(parallel, index, projection.compute), last)
+            _signal(projection, calibration, tracks, _whole(parallel, index, projection.compute), last)
             continue
         wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block, branch by branch
-        _signal(projection, streams, tracks, _attention_half(wrapper, index, projection.compute), False)
+        _signal(projection, calibration, tracks, _attention_half(wrapper, index, projection.compute), False)
         _signal(
             projection,
-            streams,
+            calibration,
             tracks,
             _mlp_half(wrapper, projection.compute),
             last,
         )
+    for reference in calibration.references:
+        reference.batches.clear()
     for stream in streams:
         stream.batches.clear()
+    return calibration.seconds
 
 
 def stock_basis(
@@ -179,7 +206,7 @@ def _whole(block: ParallelSkipConnectedBlock, index: int, compute: torch.device)
 
 def _signal(
     projection: Projection,
-    streams: list[BasisStream],
+    streams: Streams,
     tracks: list[ProjectedTrack],
     advance: Advance,
     last: bool,
@@ -187,8 +214,12 @@ def _signal(
     """Advance every stream and track to the next signal; take each stream's basis of it; project the
     sequential streams and the tracks on theirs (the last block output: only with a sliced head)."""
     projected = projection.slice_head or not last
-    for stream in streams:
+    started = time.perf_counter()
+    for reference in streams.references:
+        _advance_reference(projection, reference, advance, measure=projected)
+    for stream in streams.bases:
         _advance_stream(projection, stream, advance, measure=projected)
+    streams.seconds += time.perf_counter() - started
     kept: dict[int, torch.Tensor] = {}  # one copy per basis: dense and stock bases serve every track
     for track in tracks:
         basis = projection.shared if track.source is None else track.source.basis
@@ -208,18 +239,41 @@ def _advance_stream(projection: Projection, stream: BasisStream, advance: Advanc
     """One calibration stream to its next signal; with `measure`, that signal's basis, and the stream
     projected on it if sequential."""
     moment = SecondMoment(projection.full, projection.compute) if measure else None
-    for batch in stream.batches:
+    reference = stream.reference if measure else None
+    cross = CrossMoment(projection.full, projection.compute) if reference is not None else None
+    for index, batch in enumerate(stream.batches):
         signal = advance(batch)  # (B, T, D)
         if moment is not None:
-            moment.add(_centre(signal) if projection.centred else signal, batch.keep)
+            measured = _centre(signal) if projection.centred else signal
+            moment.add(measured, batch.keep)
+            if cross is not None and reference is not None:
+                dense = reference.batches[index].hidden.to(projection.compute)
+                cross.add(measured, _centre(dense) if projection.centred else dense, batch.keep)
         batch.hidden = signal.to(projection.home)
     if moment is None:
         return
-    stream.basis = principal_basis(moment.matrix)[1]
+    if cross is not None and reference is not None:
+        stream.basis = principal_basis(regressed_moment(moment.matrix, moment.positions, cross, reference))[1]
+    else:
+        stream.basis = principal_basis(moment.matrix)[1]
     if stream.width is not None:
         for batch in stream.batches:
             kept = project(batch.hidden.to(projection.compute), stream.basis, stream.width)
             batch.hidden = kept.to(projection.home)
+
+
+def _advance_reference(
+    projection: Projection, reference: DenseReference, advance: Advance, measure: bool
+) -> None:
+    """The dense reference stream to its next signal; with `measure`, that signal's moments."""
+    signals = []
+    for batch in reference.batches:
+        signal = advance(batch)  # (B, T, D)
+        batch.hidden = signal.to(projection.home)
+        if measure:
+            signals.append(_centre(signal) if projection.centred else signal)
+    if measure:
+        measure_reference(reference, signals, projection.full, projection.compute)
 
 
 def _kept(basis: torch.Tensor | None, home: torch.device) -> torch.Tensor:
