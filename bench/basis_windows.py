@@ -122,16 +122,11 @@ def main() -> None:
     harness.add_models_args(made, models=("smollm2-135m",))
     made.add_argument("--calibration", type=int, default=32)
     made.add_argument("--windows", type=int, default=8)
-    made.add_argument("--subsets", type=int, nargs="+", default=[4, 8, 16])
+    made.add_argument("--subsets", type=int, nargs="+", default=[8, 16])
     made.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
     made.add_argument("--no-slicing-costs", dest="slicing_costs", action="store_false")
     args, settings = harness.parse_engine(made)
-    protocol = {
-        "calibration": f"boolq-passages {args.calibration} x {SEQLEN}, seed 42",
-        "evaluation": f"wikitext2 test, first {args.windows} windows of {SEQLEN}",
-        "dtype": "float32",
-        "threads": args.threads,
-    }
+    protocol = harness.simulation_protocol(args, SEQLEN)
     out = harness.start_report(protocol=protocol, models={})
 
     def save() -> None:

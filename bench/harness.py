@@ -148,6 +148,17 @@ def protocol_body(args: argparse.Namespace) -> dict[str, Any]:
 # --- the machine -----------------------------------------------------------------------------------
 
 
+def simulation_protocol(args: argparse.Namespace, seqlen: int) -> dict[str, Any]:
+    """The protocol of the simulation benches: `--calibration` BoolQ passages (seed 42) and the first
+    `--windows` WikiText-2 test windows, both of `seqlen` tokens, fp32 on `--threads`."""
+    return {
+        "calibration": f"boolq-passages {args.calibration} x {seqlen}, seed 42",
+        "evaluation": f"wikitext2 test, first {args.windows} windows of {seqlen}",
+        "dtype": "float32",
+        "threads": args.threads,
+    }
+
+
 def commit() -> str:
     """The commit the bench ran from, `+dirty` when the tree had changes ("unknown" outside git)."""
 

@@ -316,12 +316,7 @@ def main() -> None:
     )
     args, settings = harness.parse_engine(made)
     DEFAULTS["basis_windows"] = max(1, round(DEFAULT_BASIS_FRACTION * args.calibration))
-    protocol = {
-        "calibration": f"boolq-passages {args.calibration} x {SEQLEN}, seed 42",
-        "evaluation": f"wikitext2 test, first {args.windows} windows of {SEQLEN}",
-        "dtype": "float32",
-        "threads": args.threads,
-    }
+    protocol = harness.simulation_protocol(args, SEQLEN)
     out = harness.start_report(protocol=protocol, models={})
     if args.out.exists():  # fill in what an earlier run of the same protocol left out
         earlier = json.loads(args.out.read_text())

@@ -1,6 +1,6 @@
 """A sequential basis stream over a few calibration windows, corrected to every window by regression.
 
-Why (docs/science.md §2, "Cheaper bases"): a `sequential` stream (`workers.simulation.projection`)
+Why (measured in bench/README.md, "basis_windows.py"): a `sequential` stream (`workers.simulation.projection`)
 costs a block pass per window and sparsity, and over fewer windows its bases fit those windows'
 tokens, so the simulated curve lies above slicing's (0.225 off at 8 of 32 windows on SmolLM2). The
 dense stream over every window, one pass that every sparsity shares, knows what the other windows

@@ -53,9 +53,7 @@ class SimulationReport:
     simulation: str  # core.methods.Simulation
     bases: str | None  # slicing: "sequential", "dense" or "stock"; None for the mask methods
     basis_windows: int | None  # sequential bases: calibration windows each sparsity's come from
-    basis_estimator: (
-        str | None
-    )  # sequential bases from a subset: "subset" or "regression" (every window: None)
+    basis_estimator: str | None  # bases from a subset: "subset" or "regression"; every window: None
     family: str
     hidden_size: int
     num_layers: int
