@@ -1,11 +1,14 @@
 """One block sliced, pass by pass, on its calibration stream (docs/science.md §1, steps 4-6 per
 block): the principal basis of each residual signal the block writes, its readers rotated onto the
 kept directions of its input, its writers rotated into the output's basis, and the stream rewritten
-at the kept width for the next block. `workers.slicing.engine` runs these block after block.
+at the kept width for the next block. `workers.slicing.engine` runs these block after block; a
+SliceGPT simulation runs them on a copy of each block for each sequential basis stream
+(`workers.simulation.sliced_stream`), so that its calibration passes cost what slicing's do.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +25,40 @@ from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_readers
 
 
-def _rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
+@dataclass(frozen=True)
+class SlicedBlock:
+    """A block sliced in place: its skip-connected wrapper, and the basis (D, D) float64 of each
+    signal it writes, in order (h then y for a sequential block; y for a parallel one)."""
+
+    wrapper: SkipConnectedBlock | ParallelSkipConnectedBlock
+    bases: tuple[torch.Tensor, ...]
+
+    @property
+    def output_basis(self) -> torch.Tensor:
+        """Qc: the basis of the block's output, the next block's input basis."""
+        return self.bases[-1]
+
+
+def slice_block(
+    adapter: FamilyAdapter,
+    index: int,
+    block: nn.Module,
+    batches: list[_Batch],
+    basis_in: torch.Tensor,
+    widths: BlockWidths,
+    full: int,
+    compute: torch.device,
+    dtype: torch.dtype,
+    chunk: int,
+) -> SlicedBlock:
+    """Steps 4-6 for one fused block whose calibration `batches` hold its input rotated onto
+    `basis_in` at width widths.attn_in; the batches end at its output rotated onto the output basis
+    at widths.out. Each pass runs `chunk` sequences at a time."""
+    slicer = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
+    return slicer(adapter, index, block, batches, basis_in, widths, full, compute, dtype, chunk)
+
+
+def stream_rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
     """The pass that rotates a stream of `dtype` onto `basis` and keeps `keep` directions:
     hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
 
@@ -51,9 +87,10 @@ def _slice_sequential_block(
     compute: torch.device,
     dtype: torch.dtype,
     chunk: int,
-) -> tuple[SkipConnectedBlock, torch.Tensor]:
+) -> SlicedBlock:
     """Rotate and slice one fused sequential block in place (steps 4-6); advance every batch to the
-    block's output in the new basis; return the block's skip-connected wrapper and that basis (Qc).
+    block's output in the new basis; return the block's skip-connected wrapper and the bases of h
+    and y (Qb, Qc).
 
     Frames: each pass writes the residual at width D in the frame of its input's basis where the
     branch's writers can be rotated into it (`rotation.writers_in_frame`): h in Qa's frame, y in
@@ -86,7 +123,7 @@ def _slice_sequential_block(
     wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
 
     moment = SecondMoment(full, compute)
-    to_mid = _rotation(mid_local, d_mid, dtype)  # h @ Qb[:, :d_mid], whichever frame h is in
+    to_mid = stream_rotation(mid_local, d_mid, dtype)  # h @ Qb[:, :d_mid], whichever frame h is in
     with writers_in_frame(adapter, block, ("mlp",), basis_mid) as framed:
 
         def mlp(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -103,10 +140,10 @@ def _slice_sequential_block(
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
     wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
-    rotation = _rotation(out_local, d_out, dtype)
+    rotation = stream_rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
-    return wrapper, basis_out
+    return SlicedBlock(wrapper, (basis_mid, basis_out))
 
 
 def _slice_parallel_block(
@@ -120,7 +157,7 @@ def _slice_parallel_block(
     compute: torch.device,
     dtype: torch.dtype,
     chunk: int,
-) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
+) -> SlicedBlock:
     """Steps 4-6 for a parallel-residual block: one input basis Qa, one output basis Qc, one skip
     S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa. The pass writes y in
     Qa's frame where both branches' writers can be rotated into it, as in sequential blocks."""
@@ -147,10 +184,10 @@ def _slice_parallel_block(
     rotate_branch_output(adapter, block, "attention", basis_out, d_out)
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
-    rotation = _rotation(out_local, d_out, dtype)
+    rotation = stream_rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
-    return wrapper, basis_out
+    return SlicedBlock(wrapper, (basis_out,))
 
 
 def _principal_in_frame(

@@ -68,6 +68,20 @@ def test_slicing_anchor_equals_the_engines_sliced_model(case: str) -> None:
     assert _ppl(report, SIMULATED)[0.25] != pytest.approx(measured, rel=1e-4)
 
 
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_sequential_bases_from_a_subset_are_slicings_on_that_subset(case: str) -> None:
+    """A sequential stream over the first windows runs at its sliced width through sliced copies of
+    the blocks: what it simulates is the model slicing those windows alone gives."""
+    model = build(case)
+    report = _simulate(model, "slicegpt", [0.25, 0.5], basis_windows=3)
+    assert report.basis_windows == 3
+    simulated = _ppl(report, SIMULATED)
+    for sparsity in (0.25, 0.5):
+        sliced = copy.deepcopy(model)
+        slice_model(sliced, CALIBRATION[:3], None, sparsity, batch_size=3)
+        assert simulated[sparsity] == pytest.approx(_measured(sliced), rel=1e-4)
+
+
 @pytest.mark.parametrize("case", STOCK_CASES)
 def test_stock_simulation_equals_the_stock_sliced_model(case: str) -> None:
     model = build(case)
