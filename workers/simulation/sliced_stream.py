@@ -2,8 +2,8 @@
 
 A sequential stream's signals are the dense blocks run on projected inputs P x = x Q_d Q_dᵀ, whose
 PCA gives the next basis (`workers.simulation.projection`). Run at full width, every block reads D
-columns where slicing's passes read d, and the stream cost 1.05x slicing's own passes (bench/README.md,
-`basis_windows.py`). Here the stream holds x Q_d (B, T, d) between signals, and each block is a fused
+columns where slicing's passes read d (bench/README.md, `basis_windows.py`, has what each costs).
+Here the stream holds x Q_d (B, T, d) between signals, and each block is a fused
 copy whose readers W Q_d read d columns: its passes measure the same h and y the full-width stream
 measured (the fused norm divides by D, the skip adds x Q_dᵀ back), and the copy is dropped once its
 signals' bases are known. With every calibration window the bases are slicing's.
