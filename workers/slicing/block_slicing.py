@@ -1,14 +1,11 @@
 """One block sliced, pass by pass, on its calibration stream (docs/science.md §1, steps 4-6 per
 block): the principal basis of each residual signal the block writes, its readers rotated onto the
 kept directions of its input, its writers rotated into the output's basis, and the stream rewritten
-at the kept width for the next block. `workers.slicing.engine` runs these block after block; a
-SliceGPT simulation runs them on a copy of each block for each sequential basis stream
-(`workers.simulation.sliced_stream`), so that its calibration passes cost what slicing's do.
+at the kept width for the next block. `workers.slicing.engine` runs these block after block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,39 +20,6 @@ from workers.slicing.report import BlockWidths
 from workers.slicing.rotation import rotate_branch_output, writers_in_frame
 from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_readers
-
-
-@dataclass(frozen=True)
-class SlicedBlock:
-    """A block sliced in place: its skip-connected wrapper, and the basis (D, D) float64 of each
-    signal it writes, in order (h then y for a sequential block; y for a parallel one)."""
-
-    wrapper: SkipConnectedBlock | ParallelSkipConnectedBlock
-    bases: tuple[torch.Tensor, ...]
-
-    @property
-    def output_basis(self) -> torch.Tensor:
-        """Qc: the basis of the block's output, the next block's input basis."""
-        return self.bases[-1]
-
-
-def slice_block(
-    adapter: FamilyAdapter,
-    index: int,
-    block: nn.Module,
-    batches: list[_Batch],
-    basis_in: torch.Tensor,
-    widths: BlockWidths,
-    full: int,
-    compute: torch.device,
-    dtype: torch.dtype,
-    chunk: int,
-) -> SlicedBlock:
-    """Steps 4-6 for one fused block whose calibration `batches` hold its input rotated onto
-    `basis_in` at width widths.attn_in; the batches end at its output rotated onto the output basis
-    at widths.out. Each pass runs `chunk` sequences at a time."""
-    slicer = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
-    return slicer(adapter, index, block, batches, basis_in, widths, full, compute, dtype, chunk)
 
 
 def stream_rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
@@ -87,10 +51,9 @@ def _slice_sequential_block(
     compute: torch.device,
     dtype: torch.dtype,
     chunk: int,
-) -> SlicedBlock:
+) -> tuple[SkipConnectedBlock, torch.Tensor]:
     """Rotate and slice one fused sequential block in place (steps 4-6); advance every batch to the
-    block's output in the new basis; return the block's skip-connected wrapper and the bases of h
-    and y (Qb, Qc).
+    block's output in the new basis; return the block's skip-connected wrapper and that basis (Qc).
 
     Frames: each pass writes the residual at width D in the frame of its input's basis where the
     branch's writers can be rotated into it (`rotation.writers_in_frame`): h in Qa's frame, y in
@@ -143,7 +106,7 @@ def _slice_sequential_block(
     rotation = stream_rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
-    return SlicedBlock(wrapper, (basis_mid, basis_out))
+    return wrapper, basis_out
 
 
 def _slice_parallel_block(
@@ -157,7 +120,7 @@ def _slice_parallel_block(
     compute: torch.device,
     dtype: torch.dtype,
     chunk: int,
-) -> SlicedBlock:
+) -> tuple[ParallelSkipConnectedBlock, torch.Tensor]:
     """Steps 4-6 for a parallel-residual block: one input basis Qa, one output basis Qc, one skip
     S = Qa[:, :d]^T Qc[:, :d]; attention and MLP readers both take W @ Qa. The pass writes y in
     Qa's frame where both branches' writers can be rotated into it, as in sequential blocks."""
@@ -187,7 +150,7 @@ def _slice_parallel_block(
     rotation = stream_rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
-    return SlicedBlock(wrapper, (basis_out,))
+    return wrapper, basis_out
 
 
 def _principal_in_frame(

@@ -84,7 +84,7 @@ from workers.block_inputs import BlockCall, ProgressCallback, StopCheck, calibra
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
-from workers.slicing.block_slicing import slice_block, stream_rotation
+from workers.slicing.block_slicing import _slice_parallel_block, _slice_sequential_block, stream_rotation
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import RMSNormNoScale, wrap_block
@@ -340,8 +340,10 @@ def _slice_blocks(
         block_started = time.perf_counter()
         block = blocks[index].to(compute)
         fuse_block(block, adapter, full, compute)  # steps 2-3: writers centred, norms folded
-        sliced = slice_block(adapter, index, block, batches, basis, block_widths, full, compute, dtype, chunk)
-        blocks[index], basis = sliced.wrapper, sliced.output_basis
+        slice_block = _slice_parallel_block if adapter.is_parallel(block) else _slice_sequential_block
+        blocks[index], basis = slice_block(
+            adapter, index, block, batches, basis, block_widths, full, compute, dtype, chunk
+        )
         if bases is not None:
             bases.append(kept_directions(basis, block_widths.out))
         blocks[index].to(home)
