@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch, move_to
@@ -132,7 +133,7 @@ def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tens
 
 
 def simulate_projected(
-    model: nn.Module,
+    model: PreTrainedModel,
     projection: Projection,
     streams: list[BasisStream],
     tracks: list[ProjectedTrack],
