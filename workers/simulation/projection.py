@@ -14,10 +14,7 @@ orthogonal to the all-ones direction, so projecting the uncentred signal removes
 Where the bases come from decides how close the simulation is:
 - `sequential`: each sparsity has its own calibration stream, projected at its own width as it goes,
   and each signal's basis is the PCA of that projected stream: SliceGPT's own bases, exactly when the
-  stream holds every calibration window (what anchors use), estimated from fewer windows otherwise.
-  Such a stream runs at its sliced width through a sliced copy of each block, as slicing's own
-  passes do (`workers.simulation.sliced_stream`); one regressed onto a dense reference
-  (`workers.simulation.basis_regression`) runs at full width;
+  stream holds every calibration window (what anchors use), estimated from fewer windows otherwise;
 - `dense`: one unprojected calibration stream gives every sparsity's bases (one pass for all), which
   ignores that slicing's later bases see the earlier slicing's errors;
 - the stock layout: one basis for every signal, the PCA of all of them pooled on the dense stream, as
@@ -25,23 +22,21 @@ Where the bases come from decides how close the simulation is:
   the last block output too).
 PCA as slicing's (`workers.slicing.pca`): float64 moments, 1 % damping, eigenvectors by eigenvalue.
 
-Cost: the calibration streams' block passes (slicing's, at width d, for sequential streams) and
-moments (one D x D eigendecomposition per stream and signal) and, per simulated sparsity, the
-evaluation windows' block passes plus two (W T x D x d) products per signal; memory: one block on
-the device (and a sliced copy of it per sequential stream, one at a time), every stream's hidden
-states where the model lives (calibration: N T D per sequential stream, a share of it with
-`basis_windows`; evaluation: W T D per sparsity).
+Cost: the calibration streams' block passes and moments (one D x D eigendecomposition per stream and
+signal) and, per simulated sparsity, the evaluation windows' block passes plus two (W T x D x d)
+products per signal; memory: one block on the device, every stream's hidden states where the model
+lives (calibration: N T D per sequential stream, a share of it with `basis_windows`; evaluation:
+W T D per sparsity).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from workers.architectures import FamilyAdapter
 from workers.block_inputs import BlockBatch, move_to
@@ -52,12 +47,9 @@ from workers.simulation.basis_regression import (
     measure_reference,
     regressed_moment,
 )
-from workers.simulation.sliced_stream import enter_stream, pass_block
 from workers.simulation.tracks import ProgressCallback, StopCheck, Track
-from workers.slicing.engine import check_block_structure
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import ParallelSkipConnectedBlock, SkipConnectedBlock
-from workers.slicing.report import SlicedWidths
 from workers.slicing.stock import DEFAULT_POOLING, pooled_moment
 
 Advance = Callable[[BlockBatch], torch.Tensor]
@@ -75,13 +67,6 @@ class BasisStream:
     width: int | None
     basis: torch.Tensor | None = None  # (D, D) float64: the current signal's eigenvectors
     reference: DenseReference | None = None
-    pending: list[torch.Tensor] = field(default_factory=list)  # sliced: the next signals' bases
-
-    @property
-    def sliced(self) -> bool:
-        """Run at its width through sliced copies of the blocks (`workers.simulation.sliced_stream`),
-        which measure each block's signals before the tracks reach them."""
-        return self.width is not None and self.reference is None
 
 
 @dataclass
@@ -115,7 +100,6 @@ class Streams:
     references: list[DenseReference]
     bases: list[BasisStream]
     seconds: float = 0.0
-    chunk: int = 1  # sequences the sliced streams' passes run at once, as slicing's do
 
 
 def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tensor:
@@ -133,7 +117,7 @@ def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tens
 
 
 def simulate_projected(
-    model: PreTrainedModel,
+    model: nn.Module,
     projection: Projection,
     streams: list[BasisStream],
     tracks: list[ProjectedTrack],
@@ -147,19 +131,11 @@ def simulate_projected(
     blocks = adapter.blocks(model)
     references = {id(s.reference): s.reference for s in streams if s.reference is not None}
     calibration = Streams(list(references.values()), streams)
-    sliced = [stream for stream in streams if stream.sliced]
-    if sliced:
-        first = blocks[0].to(projection.compute)
-        calibration.chunk = check_block_structure(
-            model, adapter, first, sliced[0].batches[0], projection.compute
-        )
-    _enter_sliced(projection, calibration)
     _signal(projection, calibration, tracks, lambda batch: batch.hidden.to(projection.compute), last=False)
     for index, block in walk_blocks(
         blocks, compute=projection.compute, home=projection.home, progress=progress, should_stop=should_stop
     ):
         last = index == len(blocks) - 1
-        _pass_sliced(projection, calibration, index, block, len(blocks))
         if adapter.is_parallel(block):
             parallel = ParallelSkipConnectedBlock(block, adapter)  # identity skip: the dense block
             _signal(projection, calibration, tracks, _whole(parallel, index, projection.compute), last)
@@ -259,49 +235,9 @@ def _signal(
             batch.hidden = signal.to(projection.home)
 
 
-def _enter_sliced(projection: Projection, streams: Streams) -> None:
-    """Each sliced stream's embedding basis, its batches rotated onto their kept directions."""
-    started = time.perf_counter()
-    for stream in streams.bases:
-        if stream.sliced:
-            assert stream.width is not None
-            basis = enter_stream(
-                stream.batches, projection.full, stream.width, projection.centred, projection.compute
-            )
-            stream.pending = [basis]
-    streams.seconds += time.perf_counter() - started
-
-
-def _pass_sliced(projection: Projection, streams: Streams, index: int, block: nn.Module, blocks: int) -> None:
-    """Each sliced stream through block `index` (on the compute device), the bases of the block's
-    signals left pending for the tracks' halves."""
-    started = time.perf_counter()
-    for stream in streams.bases:
-        if stream.sliced:
-            assert stream.width is not None and stream.basis is not None
-            widths = SlicedWidths.uniform(projection.full, stream.width, blocks, projection.slice_head)
-            stream.pending = list(
-                pass_block(
-                    projection.adapter,
-                    index,
-                    block,
-                    stream.batches,
-                    stream.basis,
-                    widths.blocks[index],
-                    projection.full,
-                    projection.compute,
-                    streams.chunk,
-                )
-            )
-    streams.seconds += time.perf_counter() - started
-
-
 def _advance_stream(projection: Projection, stream: BasisStream, advance: Advance, measure: bool) -> None:
     """One calibration stream to its next signal; with `measure`, that signal's basis, and the stream
-    projected on it if sequential. A sliced stream has measured it already: its basis is pending."""
-    if stream.sliced:
-        stream.basis = stream.pending.pop(0)
-        return
+    projected on it if sequential."""
     moment = SecondMoment(projection.full, projection.compute) if measure else None
     reference = stream.reference if measure else None
     cross = CrossMoment(projection.full, projection.compute) if reference is not None else None

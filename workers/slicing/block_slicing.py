@@ -22,7 +22,7 @@ from workers.slicing.stream import PassFunction, rewrite_stream
 from workers.slicing.weights import rotate_readers
 
 
-def stream_rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
+def _rotation(basis: torch.Tensor, keep: int, dtype: torch.dtype) -> PassFunction:
     """The pass that rotates a stream of `dtype` onto `basis` and keeps `keep` directions:
     hidden @ Q[:, :keep] on Q's device, returned in hidden's dtype and device.
 
@@ -86,7 +86,7 @@ def _slice_sequential_block(
     wrapper.set_skips(attn_skip.to(dtype), basis_mid[:, :d_mid].T.to(dtype))  # MLP skip (d_mid, D) for now
 
     moment = SecondMoment(full, compute)
-    to_mid = stream_rotation(mid_local, d_mid, dtype)  # h @ Qb[:, :d_mid], whichever frame h is in
+    to_mid = _rotation(mid_local, d_mid, dtype)  # h @ Qb[:, :d_mid], whichever frame h is in
     with writers_in_frame(adapter, block, ("mlp",), basis_mid) as framed:
 
         def mlp(hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -103,7 +103,7 @@ def _slice_sequential_block(
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     mlp_skip = basis_mid[:, :d_mid].T @ basis_out[:, :d_out]  # (d_mid, d_out)
     wrapper.set_skips(attn_skip.to(dtype), mlp_skip.to(dtype))
-    rotation = stream_rotation(out_local, d_out, dtype)
+    rotation = _rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
     return wrapper, basis_out
@@ -147,7 +147,7 @@ def _slice_parallel_block(
     rotate_branch_output(adapter, block, "attention", basis_out, d_out)
     rotate_branch_output(adapter, block, "mlp", basis_out, d_out)
     wrapper.set_skip((basis_in[:, :d_in].T @ basis_out[:, :d_out]).to(dtype))  # (d_in, d_out)
-    rotation = stream_rotation(out_local, d_out, dtype)
+    rotation = _rotation(out_local, d_out, dtype)
     for batch in batches:  # (B, T, d_out): the next block's input
         rewrite_stream(batch, d_out, rotation, chunk=chunk, compute=compute)
     return wrapper, basis_out

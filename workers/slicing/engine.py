@@ -84,7 +84,7 @@ from workers.block_inputs import BlockCall, ProgressCallback, StopCheck, calibra
 from workers.block_inputs import capture_block_inputs as _capture_block_inputs
 from workers.block_inputs import home_device as _home_device
 from workers.block_inputs import move_to as _move
-from workers.slicing.block_slicing import _slice_parallel_block, _slice_sequential_block, stream_rotation
+from workers.slicing.block_slicing import _rotation, _slice_parallel_block, _slice_sequential_block
 from workers.slicing.fusion import fuse_block, fuse_embeddings, fuse_final_norm, hidden_width
 from workers.slicing.pca import SecondMoment, principal_basis
 from workers.slicing.portable.sliced_modules import RMSNormNoScale, wrap_block
@@ -155,7 +155,7 @@ def slice_model(
     # Capture: what block 0 receives from every calibration batch, kept where the model lives.
     batches = _capture_block_inputs(model, adapter, calibration_ids, keep, batch_size, compute, home)
     blocks[0].to(compute)
-    chunk = check_block_structure(model, adapter, blocks[0], batches[0], compute)
+    chunk = _check_block_structure(model, adapter, blocks[0], batches[0], compute)
     release_free_memory()
     timings["capture"] = time.perf_counter() - started
     # Embedding basis (steps 5-6): Q0, and block 0's inputs rotated onto it and sliced.
@@ -236,7 +236,7 @@ def count_parameters(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def check_block_structure(
+def _check_block_structure(
     model: PreTrainedModel, adapter: FamilyAdapter, block: nn.Module, batch: _Batch, compute: torch.device
 ) -> int:
     """The adapter's residual structure must reproduce the block's own forward exactly (checked on
@@ -303,7 +303,7 @@ def _stream_basis(
     for batch in batches:
         moment.add(batch.hidden, batch.keep)
     _, basis = principal_basis(moment.matrix)  # step 5
-    rotation = stream_rotation(basis, width, batches[0].hidden.dtype)  # steps 4 and 6 on the stream
+    rotation = _rotation(basis, width, batches[0].hidden.dtype)  # steps 4 and 6 on the stream
     for batch in batches:
         rewrite_stream(batch, width, rotation, chunk=chunk, compute=compute)  # (B, T, d)
     return basis

@@ -246,10 +246,10 @@ def test_passes_run_a_few_sequences_at_a_time_exactly_as_whole_batches(
     mask = torch.ones_like(calibration)
     mask[::2, 16:] = 0  # every other sequence right-padded
     ids = token_ids(2, 12, seed=2)
-    check = engine.check_block_structure
+    check = engine._check_block_structure
     chunks: list[int] = []
     monkeypatch.setattr(
-        engine, "check_block_structure", lambda *args: chunks.append(check(*args)) or chunks[-1]
+        engine, "_check_block_structure", lambda *args: chunks.append(check(*args)) or chunks[-1]
     )
     models = {}
     for label, rows in (("whole", 10**6), ("chunked", 2 * 22)):
