@@ -87,6 +87,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "unpaired": _unpaired,
 }
 UNPAIRED = "unpaired"
+DENSE_PAIRING = "dense"
+"""`paired_with` of an estimate whose control variate is the dense model's windows."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class WindowEstimate:
     estimator: str
     indices: tuple[int, ...]  # the windows scored, in the order they were scored
     window_nll: tuple[float, ...]  # their mean NLL, in that order
+    paired_with: str = DENSE_PAIRING  # whose windows were the control variate (`curve_pairing`)
 
     @property
     def ppl(self) -> float:
@@ -128,6 +131,7 @@ class WindowEstimate:
         """The record a stored row carries (its protocol's `sampling`)."""
         return {
             "estimator": self.estimator,
+            "paired_with": self.paired_with if self.estimator != UNPAIRED else None,
             "windows": self.windows,
             "of_windows": self.of_windows,
             "precision": precision,
@@ -157,9 +161,11 @@ def estimate(
     *,
     estimator: str = DEFAULT_ESTIMATOR,
     level: float = BAND_LEVEL,
+    paired_with: str = DENSE_PAIRING,
 ) -> WindowEstimate:
     """The estimate from the windows `indices` (distinct, of `population`) scoring `window_nll`, paired
-    with `dense` (every window's dense mean NLL, by index) unless it is None (then `unpaired`)."""
+    with `dense` (every window's mean NLL under the control variate, by index: the dense model's, or
+    what `paired_with` names) unless it is None (then `unpaired`)."""
     count = len(indices)
     if count == 0 or count != len(window_nll):
         raise ValueError(
@@ -174,7 +180,16 @@ def estimate(
         raise ValueError(f"{len(dense)} dense windows for a protocol of {population}")
     if count == population:  # every window: the full-window value itself, nothing to cover
         return WindowEstimate(
-            fmean(window_nll), 0.0, 0.0, level, count, population, name, tuple(indices), tuple(window_nll)
+            fmean(window_nll),
+            0.0,
+            0.0,
+            level,
+            count,
+            population,
+            name,
+            tuple(indices),
+            tuple(window_nll),
+            paired_with,
         )
     paired = [] if dense is None else [dense[index] for index in indices]
     found = ESTIMATORS[name](window_nll, paired, fmean(dense) if dense is not None else 0.0)
@@ -185,7 +200,16 @@ def estimate(
         stderr = spread / math.sqrt(count) * math.sqrt(1.0 - count / population)
         half = t_quantile(0.5 + level / 2.0, found.df) * stderr
     return WindowEstimate(
-        found.centre, stderr, half, level, count, population, name, tuple(indices), tuple(window_nll)
+        found.centre,
+        stderr,
+        half,
+        level,
+        count,
+        population,
+        name,
+        tuple(indices),
+        tuple(window_nll),
+        paired_with,
     )
 
 
@@ -197,7 +221,7 @@ EstimateProgress = Callable[[WindowEstimate], None]
 def estimate_sequentially(
     score: WindowScorer,
     order: Sequence[int],
-    precision: float,
+    precision: float | None,
     dense: Sequence[float] | None,
     *,
     scored: Sequence[float] = (),
@@ -205,12 +229,14 @@ def estimate_sequentially(
     step: int = STEP_WINDOWS,
     estimator: str = DEFAULT_ESTIMATOR,
     level: float = BAND_LEVEL,
+    paired_with: str = DENSE_PAIRING,
     progress: EstimateProgress | None = None,
 ) -> WindowEstimate:
     """Score windows in `order` (a permutation of the protocol's windows), `first` then `step` at a time,
-    until the band's relative half width is at most `precision` or every window is scored. `scored`:
-    the mean NLL of the first windows of `order`, already scored elsewhere (a simulation's pilot)."""
-    if not 0.0 < precision < 1.0:
+    until the band's relative half width is at most `precision` or every window is scored (precision
+    None: every window). `scored`: the mean NLL of the first windows of `order`, already scored
+    elsewhere (a simulation's pilot)."""
+    if precision is not None and not 0.0 < precision < 1.0:
         raise ValueError(f"precision must be in (0, 1), got {precision}")
     if first < 1 or step < 1:
         raise ValueError(f"first and step must be at least 1, got {first} and {step}")
@@ -222,9 +248,42 @@ def estimate_sequentially(
         if target > taken:
             values += score(order[taken:target])
             taken = target
-        found = estimate(order[:taken], values, population, dense, estimator=estimator, level=level)
+        found = estimate(
+            order[:taken],
+            values,
+            population,
+            dense,
+            estimator=estimator,
+            level=level,
+            paired_with=paired_with,
+        )
         if progress is not None:
             progress(found)
-        if found.complete or found.relative_half_width <= precision:
+        if found.complete or (precision is not None and found.relative_half_width <= precision):
             return found
         target = min(population, taken + step)
+
+
+def windows_needed(
+    window_nll: Sequence[float],
+    paired: Sequence[float],
+    population: int,
+    precision: float,
+    *,
+    estimator: str = DEFAULT_ESTIMATOR,
+    level: float = BAND_LEVEL,
+) -> int:
+    """How many of `population` windows the band would need to reach `precision`, projected from the
+    residual spread of a pilot: its windows' `window_nll` and the control variate `paired` on the same
+    windows. The t quantile is the pilot's; the residuals do not depend on the control variate's mean
+    over every window, so the pilot alone says what each way of pairing will cost."""
+    count = len(window_nll)
+    found = ESTIMATORS[estimator](window_nll, paired, 0.0)
+    if found.df < 1:
+        return population
+    spread = math.sqrt(sum(r * r for r in found.residuals) / found.df)
+    if spread == 0.0:
+        return min(count, population)
+    allowed = math.log1p(precision) / t_quantile(0.5 + level / 2.0, found.df)  # the stderr it may have
+    unbounded = (spread / allowed) ** 2  # windows needed from an infinite protocol
+    return min(population, max(count, math.ceil(unbounded / (1.0 + unbounded / population))))

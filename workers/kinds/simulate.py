@@ -420,8 +420,9 @@ def simulated_accuracy_results(
 
 
 def _paired_band(found: WindowEstimate) -> dict[str, Any] | None:
-    """The band for the full-window value from windows paired with the dense model's; None when every
-    window was scored (the value is the full-window one)."""
+    """The band for the full-window value from paired windows (the dense model's or a reference
+    point's, `found.paired_with`); None when every window was scored (the value is the full-window
+    one)."""
     if found.complete:
         return None
     return {
@@ -432,6 +433,7 @@ def _paired_band(found: WindowEstimate) -> dict[str, Any] | None:
         "windows": found.windows,
         "of_windows": found.of_windows,
         "estimator": found.estimator,
+        "paired_with": found.paired_with,
     }
 
 

@@ -7,6 +7,10 @@ order through its whole simulated model (`workers.simulation.whole_models`: the 
 model's own forward), so a curve costs one pass over the pilot plus only the windows it needs. An
 anchor (the method itself, `role: anchor`) rests on the pilot: it is paired with its face value on
 those very windows when the curve is scaled through it.
+
+The face values are paired with the dense model's windows, or, where the pilot says that costs fewer
+windows (`core.prediction.curve_pairing`: slicing's damage differs much from window to window), the
+curve's middle point is scored on every window first and the others are paired with it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from core.prediction.paired_windows import WindowEstimate, estimate, estimate_sequentially
+from core.prediction.curve_pairing import choose_reference
+from core.prediction.paired_windows import DENSE_PAIRING, WindowEstimate, estimate, estimate_sequentially
 from workers.context import JobContext
 from workers.evaluation.sampled_perplexity import window_scorer
 from workers.kinds.steps import band_reporter, stage_progress
@@ -45,30 +50,65 @@ def refine_points(
     population = windows.shape[0]
     found: dict[PointKey, WindowEstimate] = {}
     faces = [point for point in report.points if point.role == SIMULATED]
+    if all(face.sparsity in models for face in faces):
+        reference = choose_reference(
+            {face.sparsity: face.scores.per_window for face in faces},
+            [dense_window_nll[index] for index in pilot],
+            population,
+            precision,
+        )
+    else:  # no whole model kept: the pilot is all there is
+        reference = None
+    covariate, paired_with = dense_window_nll, DENSE_PAIRING
+    faces.sort(key=lambda face: face.sparsity != reference)  # the reference first
     for position, point in enumerate(faces):
         scored = point.scores.per_window
         simulated = models.get(point.sparsity)
         low = stage_progress(start, end, position, len(faces))
         high = stage_progress(start, end, position + 1, len(faces))
         prefix = f"s={point.sparsity:g} ({position + 1}/{len(faces)}): "
-        if simulated is None:  # no whole model kept: the pilot is all there is
+        if simulated is None:
             found[(point.sparsity, point.role)] = estimate(pilot, scored, population, dense_window_nll)
             continue
+        is_reference = point.sparsity == reference
         with simulated.applied(model):
-            found[(point.sparsity, point.role)] = estimate_sequentially(
+            estimated = estimate_sequentially(
                 window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop),
                 order,
-                precision,
-                dense_window_nll,
+                None if is_reference else precision,
+                covariate,
                 scored=scored,
-                progress=band_reporter(context, "scoring windows", low, high, prefix),
+                paired_with=paired_with,
+                progress=band_reporter(
+                    context,
+                    "scoring windows",
+                    low,
+                    high,
+                    prefix + ("every window, the reference: " if is_reference else ""),
+                ),
             )
+        found[(point.sparsity, point.role)] = estimated
+        if is_reference:
+            covariate, paired_with = by_index(estimated), reference_label(point.sparsity)
     for point in report.points:
         if point.role != SIMULATED:
             found[(point.sparsity, point.role)] = estimate(
                 pilot, point.scores.per_window, population, dense_window_nll
             )
     return found
+
+
+def by_index(found: WindowEstimate) -> list[float]:
+    """Every window's mean NLL by window index, from an estimate that scored every window."""
+    values = [0.0] * found.of_windows
+    for index, nll in zip(found.indices, found.window_nll, strict=True):
+        values[index] = nll
+    return values
+
+
+def reference_label(sparsity: float) -> str:
+    """`paired_with` of the points paired with the reference point at `sparsity`."""
+    return f"the simulated point at s={sparsity:g}"
 
 
 def pilot_windows(order: Sequence[int], first: int) -> list[int]:

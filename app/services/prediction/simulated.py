@@ -129,9 +129,13 @@ def _windows_said(rows: list[Result]) -> str:
         return f"; every point on {', '.join(str(w) for w in sorted(windows, key=str))} windows"
     counts = sorted(int(s["windows"]) for s in used)
     spread = str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+    partners = sorted(
+        {str(s.get("paired_with") or "dense") for s in used if int(s["windows"]) < int(s["of_windows"])}
+    )
+    with_whom = " and ".join("the dense model's" if p == "dense" else p + "'s" for p in partners) or "none"
     return (
         f"; each point on {spread} of {used[0]['of_windows']} windows (seeded order {used[0]['order_seed']}) "
-        f"paired with the dense model's ({used[0]['estimator']} estimator), banded for the full-window "
+        f"paired with {with_whom} ({used[0]['estimator']} estimator), banded for the full-window "
         f"value to ±{100 * float(used[0]['precision'] or 0):g} %"
     )
 
