@@ -22,6 +22,11 @@ how often the 95 % band held the every-window value, for the covariates:
   error is zero and it is left out of the pooled numbers);
 - `nearest`: the windows of the nearest other point, as if that one were the reference.
 
+And the curve scored to `--precision` as a job scores it, over `--orders` seeded window orders, three
+ways: every point paired with the dense windows; the middle point on every window and the others
+paired with it; and as the job's rule chooses between the two from each order's pilot
+(`core.prediction.curve_pairing`): the windows the curve used, the errors and the coverage.
+
 Writes bench/out/window_covariates.json (git-ignored) after every step and prints the study.
 """
 
@@ -104,22 +109,33 @@ def score(truth: list[float], covariate: list[float], ks: list[int], draws: int,
 
 
 def to_precision(
-    points: dict[float, list[float]],
-    dense: list[float],
-    reference: float | None,
-    orders: int,
-    precision: float,
+    points: dict[float, list[float]], dense: list[float], way: str, orders: int, precision: float
 ) -> dict[str, Any]:
     """A curve scored to `precision` as a job scores it (`estimate_sequentially`, one seeded order per
-    curve shared by its points), over `orders` orders: each point paired with the dense windows, or
-    (`reference` set) that point scored on every window and the others paired with it. The windows the
-    curve used, and each point's error and coverage against its every-window value."""
-    from core.prediction.paired_windows import estimate_sequentially, window_order
+    curve shared by its points, a pilot of FIRST_WINDOWS), over `orders` orders, its points paired
+    `way`: `dense` (every point with the dense windows), `reference` (the middle point on every
+    window, the others with it) or `chosen` (the job's rule, `core.prediction.curve_pairing`, from
+    each order's pilot). The windows the curve used, how often the rule chose the reference, and
+    each point's error and coverage against its every-window value."""
+    from core.prediction.curve_pairing import choose_reference, middle_point
+    from core.prediction.paired_windows import FIRST_WINDOWS, estimate_sequentially, window_order
 
     population = len(dense)
-    used, errors, held, count = [], [], 0, 0
+    used, errors, held, count, chosen = [], [], 0, 0, 0
     for seed in range(orders):
         order = window_order(population, seed)
+        pilot = order[:FIRST_WINDOWS]
+        reference = {
+            "dense": None,
+            "reference": middle_point(list(points)),
+            "chosen": choose_reference(
+                {s: [nll[i] for i in pilot] for s, nll in points.items()},
+                [dense[i] for i in pilot],
+                population,
+                precision,
+            ),
+        }[way]
+        chosen += reference is not None
         total = population if reference is not None else 0
         for s, truth in points.items():
             if s == reference:
@@ -135,6 +151,7 @@ def to_precision(
     return {
         "windows_per_curve": statistics.fmean(used),
         "of_windows": population * len(points),
+        "reference_chosen": chosen / orders,
         "median_error": statistics.median(errors),
         "max_error": max(errors),
         "coverage": held / count,
@@ -162,13 +179,14 @@ def study(out: dict[str, Any], args: argparse.Namespace) -> None:
                 rows[str(s)] = row
             data["study"] = rows
             data["to_precision"] = {
-                way: to_precision(points, dense, ref, args.orders, args.precision)
-                for way, ref in (("dense", None), ("reference", reference))
+                way: to_precision(points, dense, way, args.orders, args.precision)
+                for way in ("dense", "reference", "chosen")
             }
             for way, found in data["to_precision"].items():
                 print(
                     f"{name} {method} to precision {args.precision} paired with {way}:",
-                    f"{found['windows_per_curve']:.1f} of {found['of_windows']} windows,",
+                    f"{found['windows_per_curve']:.1f} of {found['of_windows']} windows",
+                    f"(reference in {100 * found['reference_chosen']:.0f} % of orders),",
                     f"median error {found['median_error']:.4f}, max {found['max_error']:.4f},",
                     f"coverage {found['coverage']:.3f}",
                     flush=True,
