@@ -170,7 +170,9 @@ def run_curves(
     harness.write_report(args.out, report)
     ways = {}
     ways_asked = (("simulate_every_window", None), ("simulate_default_precision", DEFAULT_PRECISION))
-    for name, precision in ways_asked[1:] if args.skip_every_window else ways_asked:
+    for name, precision in ways_asked:
+        if precision is None and args.skip_every_window:
+            continue
         body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
         job = submit(client, body, args)
         ways[name] = curve(job, "simulated")
