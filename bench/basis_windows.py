@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import harness
+import torch
 
 from core.settings import Settings
 from workers.loading import load_copy
@@ -59,7 +60,7 @@ class Bench:
         )
         curve = {p.sparsity: p.scores.ppl for p in report.points if p.role == SIMULATED}
         result = {"wall_s": time.perf_counter() - started, "curve": curve, "timings": report.timings}
-        print(options, f"{result['wall_s']:.1f}s", curve, flush=True)
+        print({k: str(v) for k, v in options.items()}, f"{result['wall_s']:.1f}s", curve, flush=True)
         return result
 
     def slicing_costs(self) -> dict[float, float]:
@@ -91,12 +92,22 @@ def measure(name: str, args: Any, settings: Settings, out: dict[str, Any], save:
     record["every_window"] = bench.simulate()
     save()
     truth = record["every_window"]["curve"]
+    for dtype in args.stream_dtypes:
+        if dtype == "float32":
+            continue
+        run = bench.simulate(streams_dtype=getattr(torch, dtype))
+        run["errors"] = errors(run["curve"], truth)
+        record["variants"][f"every_{dtype}"] = run
+        save()
     for k in args.subsets:
         for estimator in args.estimators:
-            run = bench.simulate(basis_windows=k, basis_estimator=estimator)
-            run["errors"] = errors(run["curve"], truth)
-            record["variants"][f"{estimator}_{k}"] = run
-            save()
+            for dtype in args.stream_dtypes:
+                streams = {} if dtype == "float32" else {"streams_dtype": getattr(torch, dtype)}
+                run = bench.simulate(basis_windows=k, basis_estimator=estimator, **streams)
+                run["errors"] = errors(run["curve"], truth)
+                suffix = "" if dtype == "float32" else f"_{dtype}"
+                record["variants"][f"{estimator}_{k}{suffix}"] = run
+                save()
     if args.slicing_costs:
         record["slice_model_s"] = bench.slicing_costs()
         save()
@@ -124,6 +135,13 @@ def main() -> None:
     made.add_argument("--windows", type=int, default=8)
     made.add_argument("--subsets", type=int, nargs="+", default=[8, 16])
     made.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
+    made.add_argument(
+        "--stream-dtypes",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="dtypes of the calibration streams to try (the model and its evaluation stay float32)",
+    )
     made.add_argument("--no-slicing-costs", dest="slicing_costs", action="store_false")
     args, settings = harness.parse_engine(made)
     protocol = harness.simulation_protocol(args, SEQLEN)

@@ -7,10 +7,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi.testclient import TestClient
 
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import prune_body, wait_done
+from workers.simulation.streams_dtype import computes_bfloat16_natively
 
 CALIBRATION = {"num_sequences": 4, "seqlen": 32, "batch_size": 2}
 PERPLEXITY = {"seqlen": 64, "max_windows": 3}
@@ -49,6 +51,12 @@ def test_a_simulation_stores_simulated_anchor_and_anchored_points_apart_from_mea
         by_role.setdefault(key, {})[row["sparsity"]] = row["value"]
         assert row["protocol"]["seqlen"] == 64 and row["protocol"]["dense_ppl"] == dense[0]["value"]
     face, anchors = by_role[("simulated", None)], by_role[("anchor", None)]
+    # the face values' bases streamed in bfloat16 where this CPU computes it natively; anchors never
+    cheap = "bfloat16" if computes_bfloat16_natively(torch.device("cpu")) else "float32"
+    dtypes = {
+        (r["protocol"]["simulation"]["role"], r["protocol"]["simulation"]["basis_dtype"]) for r in simulated
+    }
+    assert dtypes == {("simulated", cheap), ("anchor", None)}
     anchored = by_role[("simulated", "anchored")]
     assert set(face) == set(anchors) == set(anchored) == {0.25, 0.5}
     for sparsity in (0.25, 0.5):  # two anchors: the line in s passes through both
@@ -97,6 +105,10 @@ def test_a_method_without_a_simulation_or_a_bad_option_is_refused_up_front(
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, method="shortgpt")), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, method="wanda", bases="dense")), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_windows=99)), 422)
+    assert_problem(
+        api.post("/v1/jobs", json=simulate_body(model, method="wanda", basis_dtype="float32")), 422
+    )
+    assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_dtype="float16")), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, bases="dense", basis_windows=2)), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, sparsities=[0.99])), 422)
 

@@ -61,6 +61,7 @@ from workers.simulation import (
     SimulationStopped,
     simulate_curve,
 )
+from workers.simulation.streams_dtype import resolve_streams_dtype
 from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
 SPANS = PrepareSpans(load=0.01, baseline=(0.02, 0.10), calibration=(0.10, 0.12))
@@ -88,6 +89,9 @@ def run(context: JobContext) -> None:
         layout=spec.layout,
         bases=spec.basis_source,
         basis_windows=spec.sequential_windows,
+        streams_dtype=resolve_streams_dtype(
+            spec.basis_dtype, prepared.loaded.model.dtype, prepared.loaded.device
+        ),
         round_to=spec.round_to,
         slice_head=spec.slice_head,
         calibration_batch_size=spec.calibration.batch_size,
@@ -351,6 +355,7 @@ def _simulation_record(
         "engine": report.simulation,
         "bases": report.bases,
         "basis_windows": report.basis_windows if role == SIMULATED else None,
+        "basis_dtype": report.basis_dtype if role == SIMULATED else None,
         "width": width,
         # the method's own model up to float rounding (an anchor always is), not an approximation
         "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),

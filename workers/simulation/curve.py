@@ -61,6 +61,7 @@ class SimulationReport:
     points: list[SimulatedPoint] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     models: list[SimulatedModel] = field(default_factory=list)  # `keep_models`: the face values, whole
+    basis_dtype: str | None = None  # per-layer slicing: the dtype its basis streams ran in
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class SimulationOptions:
     bases: str = "sequential"  # per-layer slicing: "sequential" or "dense" (`projection` says which is what)
     basis_windows: int | None = None  # sequential bases: the first N calibration windows (None: all)
     basis_estimator: str = "subset"  # sequential bases from fewer windows: "subset" or "regression"
+    streams_dtype: torch.dtype | None = None  # per-layer slicing's calibration streams (None: the model's)
     round_to: int = 8  # slicing's kept width d rounded down to a multiple of this
     slice_head: bool | None = None  # slicing: project the last block output too (None: the family's default)
     calibration_batch_size: int = 8  # calibration windows per block call
@@ -222,6 +224,7 @@ def _simulate_slicing(
         slice_head=True if stock else resolve_slice_head(adapter.name, options.slice_head),
         compute=compute,
         home=home,
+        streams_dtype=options.streams_dtype,
     )
     if stock:
         report.bases = "stock"
@@ -232,6 +235,7 @@ def _simulate_slicing(
         sources += [(s, ANCHOR, None) for s in anchors]
     else:
         report.bases = options.bases
+        report.basis_dtype = str(options.streams_dtype or model.dtype).removeprefix("torch.")
         streams, sources = _per_layer_streams(calibration, sparsities, anchors, options, full)
         if options.bases != "dense":  # whole batches: the windows the sequential streams hold
             report.basis_windows = sequences(
@@ -283,7 +287,8 @@ def _per_layer_streams(
             streams.append(BasisStream(fork(subset), width, reference=reference))
             sources.append((sparsity, SIMULATED, streams[-1]))
     for sparsity in anchors:
-        streams.append(BasisStream(fork(calibration), sliced_width(full, sparsity, options.round_to)))
+        width = sliced_width(full, sparsity, options.round_to)
+        streams.append(BasisStream(fork(calibration), width, model_dtype=True))
         sources.append((sparsity, ANCHOR, streams[-1]))
     return streams, sources
 

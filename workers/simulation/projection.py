@@ -31,9 +31,11 @@ W T D per sparsity).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -67,6 +69,7 @@ class BasisStream:
     width: int | None
     basis: torch.Tensor | None = None  # (D, D) float64: the current signal's eigenvectors
     reference: DenseReference | None = None
+    model_dtype: bool = False  # an anchor's: in the model's dtype whatever `Projection.streams_dtype` says
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Projection:
     compute: torch.device
     home: torch.device
     shared: torch.Tensor | None = None  # the stock layout's one basis (D, D)
+    streams_dtype: torch.dtype | None = None  # the calibration streams' dtype (None: the model's)
 
 
 @dataclass
@@ -131,24 +135,22 @@ def simulate_projected(
     blocks = adapter.blocks(model)
     references = {id(s.reference): s.reference for s in streams if s.reference is not None}
     calibration = Streams(list(references.values()), streams)
-    _signal(projection, calibration, tracks, lambda batch: batch.hidden.to(projection.compute), last=False)
+    _cast_streams(calibration, projection.streams_dtype)
+    entry = _Steps(lambda batch: batch.hidden.to(projection.compute))
+    _signal(projection, calibration, tracks, entry, last=False)
     for index, block in walk_blocks(
         blocks, compute=projection.compute, home=projection.home, progress=progress, should_stop=should_stop
     ):
-        last = index == len(blocks) - 1
-        if adapter.is_parallel(block):
-            parallel = ParallelSkipConnectedBlock(block, adapter)  # identity skip: the dense block
-            _signal(projection, calibration, tracks, _whole(parallel, index, projection.compute), last)
-            continue
-        wrapper = SkipConnectedBlock(block, adapter)  # identity skips: the dense block, branch by branch
-        _signal(projection, calibration, tracks, _attention_half(wrapper, index, projection.compute), False)
-        _signal(
-            projection,
-            calibration,
-            tracks,
-            _mlp_half(wrapper, projection.compute),
-            last,
+        low = (
+            _in_dtype(block, projection.streams_dtype)
+            if calibration.references or calibration.bases
+            else block
         )
+        track_steps = _halves(block, adapter, index, projection.compute)
+        stream_steps = track_steps if low is block else _halves(low, adapter, index, projection.compute)
+        for half, (track_step, stream_step) in enumerate(zip(track_steps, stream_steps, strict=True)):
+            last = index == len(blocks) - 1 and half == len(track_steps) - 1
+            _signal(projection, calibration, tracks, _Steps(track_step, stream_step), last)
     for reference in calibration.references:
         reference.batches.clear()
     for stream in streams:
@@ -204,11 +206,70 @@ def _whole(block: ParallelSkipConnectedBlock, index: int, compute: torch.device)
     return advance
 
 
+def _halves(block: nn.Module, adapter: FamilyAdapter, index: int, compute: torch.device) -> list[Advance]:
+    """The block's steps from signal to signal: the whole block where it is parallel, else its
+    attention half and its MLP half (identity skips: the dense block, branch by branch)."""
+    if adapter.is_parallel(block):
+        return [_whole(ParallelSkipConnectedBlock(block, adapter), index, compute)]
+    wrapper = SkipConnectedBlock(block, adapter)
+    return [_attention_half(wrapper, index, compute), _mlp_half(wrapper, compute)]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """One step for the tracks (and the anchors' streams) and the same step for the other calibration
+    streams, which may run a copy of the block in `Projection.streams_dtype`."""
+
+    tracks: Advance
+    streams: Advance | None = None
+
+    def of(self, stream: BasisStream | None) -> Advance:
+        """The step a stream takes (None: a dense reference)."""
+        if self.streams is None or (stream is not None and stream.model_dtype):
+            return self.tracks
+        return self.streams
+
+
+def _in_dtype(block: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """The block itself, or where `dtype` differs from its weights' a copy of it in `dtype` (on the
+    compute device, as the block is while it is walked)."""
+    weight = next(block.parameters(), None)
+    if dtype is None or weight is None or weight.dtype == dtype:
+        return block
+    return copy.deepcopy(block).to(dtype)
+
+
+def _cast_streams(streams: Streams, dtype: torch.dtype | None) -> None:
+    """Every calibration stream's hidden states and floating call tensors (masks, rotary tables) in
+    `dtype`, once before the walk; the batches' calls are shared, so each is cast once."""
+    if dtype is None:
+        return
+    calls: dict[int, list[Any]] = {}
+    cheap = [stream.batches for stream in streams.bases if not stream.model_dtype]
+    for batches in [reference.batches for reference in streams.references] + cheap:
+        for position, batch in enumerate(batches):
+            if id(batch.calls) not in calls:
+                calls[id(batch.calls)] = [_cast(call, dtype) for call in batch.calls]
+            cast = calls[id(batch.calls)]
+            batches[position] = replace(batch, hidden=batch.hidden.to(dtype), calls=cast)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """`value` with every floating tensor inside (nested tuples, lists, dicts) in `dtype`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple | list):
+        return type(value)(_cast(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: _cast(item, dtype) for key, item in value.items()}
+    return value
+
+
 def _signal(
     projection: Projection,
     streams: Streams,
     tracks: list[ProjectedTrack],
-    advance: Advance,
+    steps: _Steps,
     last: bool,
 ) -> None:
     """Advance every stream and track to the next signal; take each stream's basis of it; project the
@@ -216,9 +277,9 @@ def _signal(
     projected = projection.slice_head or not last
     started = time.perf_counter()
     for reference in streams.references:
-        _advance_reference(projection, reference, advance, measure=projected)
+        _advance_reference(projection, reference, steps.of(None), measure=projected)
     for stream in streams.bases:
-        _advance_stream(projection, stream, advance, measure=projected)
+        _advance_stream(projection, stream, steps.of(stream), measure=projected)
     streams.seconds += time.perf_counter() - started
     kept: dict[int, torch.Tensor] = {}  # one copy per basis: dense and stock bases serve every track
     for track in tracks:
@@ -228,7 +289,7 @@ def _signal(
                 kept[id(basis)] = _kept(basis, projection.home)
             track.kept_bases.append(kept[id(basis)] if projected else None)
         for batch in track.batches:
-            signal = advance(batch)  # (B, T, D)
+            signal = steps.tracks(batch)  # (B, T, D)
             if projected:
                 assert basis is not None
                 signal = project(signal, basis, track.width)
