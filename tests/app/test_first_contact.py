@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi.testclient import TestClient
 
 from core.store import Store
 from tests.app.test_prune_jobs import wait_done
 from tests.app.test_sweep_jobs import sweep_body
+from workers.simulation.streams_dtype import computes_bfloat16_natively
 
 PROTOCOL = {"seqlen": 64, "max_windows": 2}
 CALIBRATION = {"num_sequences": 4, "seqlen": 32}
@@ -55,6 +57,8 @@ def test_measure_missing_queues_one_simulation_then_the_answer_comes_from_it(
         assert verdict["level"] in {"reliable", "rough"} and "bench record" in verdict["advice"]
         rungs = {a["rung"]: a for a in predicted["alternatives"]}
         assert "of 2 windows" in rungs["simulated"]["source"]  # which windows the value rests on
+        streamed = "streamed in bfloat16" in rungs["simulated"]["source"]  # and how its bases were had
+        assert streamed == computes_bfloat16_natively(torch.device("cpu"))
         assert rungs["law"]["value"] is None and "no pruned point" in rungs["law"]["why_not"]
         assert rungs["measured"]["why_not"] and rungs["strict"]["value"] is not None
 

@@ -107,11 +107,12 @@ def _newest_simulation(
     face_rows = [row for row in mine if row.law is None and _role(row) == SIMULATED_ROLE]
     face = [_point(row) for row in face_rows]
     anchored = [_point(row) for row in mine if row.law == ANCHORED_LAW]
-    simulation = mine[0].protocol.get("simulation") or {}
+    simulation = (face_rows or mine)[0].protocol.get("simulation") or {}
     describe = (
         f"simulated by job {job_id}: {simulation.get('engine')}"
         + (f", {simulation.get('bases')} bases" if simulation.get("bases") else "")
         + (f" from {simulation.get('basis_windows')} windows" if simulation.get("basis_windows") else "")
+        + (f" streamed in {simulation.get('basis_dtype')}" if simulation.get("basis_dtype") else "")
         + (f"; anchored at {simulation.get('anchors')}" if anchored else "; no anchor")
         + _windows_said(face_rows)
     )
