@@ -13,7 +13,7 @@ order, each timed by its wall clock:
 
 1. `evaluate` on every window: the dense pass, whose per-window NLL every later job reuses;
 2. per method, a `sweep` of the five sparsities (precision null: every window) - the truth;
-3. a `simulate` with precision null (every window), and one at the default precision;
+3. a `simulate` with precision null (every window), and one at the default precision (or `--precision`);
 4. a `prune` at the default precision at `--prune-sparsity` (per mask method).
 
 Per way: wall seconds, the cost split the jobs record (`timings`), |ln(simulated / swept)| median and
@@ -49,6 +49,12 @@ def parse_args() -> argparse.Namespace:
     made.add_argument("--seqlen", type=int, default=512)
     made.add_argument("--calibration-sequences", type=int, default=32)
     made.add_argument("--prune-sparsity", type=float, default=0.4)
+    made.add_argument(
+        "--precision",
+        type=float,
+        default=DEFAULT_PRECISION,
+        help="the precision of the 'default precision' way and the prune (a user's other choice)",
+    )
     made.add_argument(
         "--prune-only",
         action="store_true",
@@ -143,7 +149,7 @@ def prune_to_precision(
     client: TestClient, args: argparse.Namespace, method: str, full: float
 ) -> dict[str, Any]:
     """A measured prune at the default precision against `full`, its value on every window."""
-    job = submit(client, prune_body(args, method, DEFAULT_PRECISION), args)
+    job = submit(client, prune_body(args, method, args.precision), args)
     [row] = [r for r in job["rows"] if r["method"] != "dense"]
     sampling = row["protocol"]["sampling"]
     return {
@@ -169,7 +175,7 @@ def run_curves(
     entry["sweep"] = {"wall_s": sweep["wall_s"], "curve": truth}
     harness.write_report(args.out, report)
     ways = {}
-    ways_asked = (("simulate_every_window", None), ("simulate_default_precision", DEFAULT_PRECISION))
+    ways_asked = (("simulate_every_window", None), ("simulate_default_precision", args.precision))
     for name, precision in ways_asked:
         if precision is None and args.skip_every_window:
             continue
@@ -254,7 +260,7 @@ def main() -> None:
         return
     settings = harness.embedded_store(args)
     report = harness.start_report(
-        model=args.model, protocol=common(args, None), default_precision=DEFAULT_PRECISION, methods={}
+        model=args.model, protocol=common(args, None), default_precision=args.precision, methods={}
     )
     with TestClient(create_app(settings, start_background=False)) as client:
         evaluate = {key: value for key, value in common(args, None).items() if key != "calibration"}
