@@ -21,6 +21,8 @@ Where the bases come from decides how close the simulation is:
   `workers.slicing.stock` takes it: the simulation is the stock-sliced model (every signal projected,
   the last block output too).
 PCA as slicing's (`workers.slicing.pca`): float64 moments, 1 % damping, eigenvectors by eigenvalue.
+The calibration streams (not the tracks, not an anchor's) may run a copy of each block in a cheaper
+dtype, their moments still summed in float64 (`workers.simulation.streams_dtype` says when).
 
 Cost: the calibration streams' block passes and moments (one D x D eigendecomposition per stream and
 signal) and, per simulated sparsity, the evaluation windows' block passes plus two (W T x D x d)
