@@ -55,15 +55,20 @@ class _Captured(Exception):
     """Raised by the recording forward once every layer type's call is kept: the pass stops there."""
 
 
+def map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` with `change` applied to every tensor inside (nested tuples, lists, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, tuple | list):
+        return type(value)(map_tensors(item, change) for item in value)
+    if isinstance(value, dict):
+        return {key: map_tensors(item, change) for key, item in value.items()}
+    return value
+
+
 def move_to(value: Any, device: torch.device) -> Any:
     """`value` with every tensor inside (nested tuples, lists, dicts) moved to `device`."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(move_to(item, device) for item in value)
-    if isinstance(value, dict):
-        return {key: move_to(item, device) for key, item in value.items()}
-    return value
+    return map_tensors(value, lambda tensor: tensor.to(device))
 
 
 def split_sequences(hidden: torch.Tensor, call: BlockCall, size: int) -> list[tuple[torch.Tensor, BlockCall]]:

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from workers.architectures import FamilyAdapter
-from workers.block_inputs import BlockBatch, move_to
+from workers.block_inputs import BlockBatch, map_tensors, move_to
 from workers.pruning.stream import walk_blocks
 from workers.simulation.basis_regression import (
     CrossMoment,
@@ -107,6 +107,11 @@ class Streams:
     bases: list[BasisStream]
     seconds: float = 0.0
 
+    @property
+    def any_cheap(self) -> bool:
+        """Whether a stream runs in `Projection.streams_dtype` (an anchor's never does)."""
+        return bool(self.references) or any(not stream.model_dtype for stream in self.bases)
+
 
 def project(hidden: torch.Tensor, basis: torch.Tensor, width: int) -> torch.Tensor:
     """hidden Q_d Q_dᵀ: the signal's part in the top-`width` directions, in the signal's dtype. Where
@@ -143,11 +148,7 @@ def simulate_projected(
     for index, block in walk_blocks(
         blocks, compute=projection.compute, home=projection.home, progress=progress, should_stop=should_stop
     ):
-        low = (
-            _in_dtype(block, projection.streams_dtype)
-            if calibration.references or calibration.bases
-            else block
-        )
+        low = _in_dtype(block, projection.streams_dtype) if calibration.any_cheap else block
         track_steps = _halves(block, adapter, index, projection.compute)
         stream_steps = track_steps if low is block else _halves(low, adapter, index, projection.compute)
         for half, (track_step, stream_step) in enumerate(zip(track_steps, stream_steps, strict=True)):
@@ -258,13 +259,7 @@ def _cast_streams(streams: Streams, dtype: torch.dtype | None) -> None:
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
     """`value` with every floating tensor inside (nested tuples, lists, dicts) in `dtype`."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, tuple | list):
-        return type(value)(_cast(item, dtype) for item in value)
-    if isinstance(value, dict):
-        return {key: _cast(item, dtype) for key, item in value.items()}
-    return value
+    return map_tensors(value, lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor)
 
 
 def _signal(
