@@ -56,6 +56,11 @@ def parse_args() -> argparse.Namespace:
         help="the precision of the 'default precision' way and the prune (a user's other choice)",
     )
     made.add_argument(
+        "--window-dtype",
+        choices=["float32", "bfloat16"],
+        help="slicegpt's `window_dtype` at the default precision (unset: the job's default)",
+    )
+    made.add_argument(
         "--prune-only",
         action="store_true",
         help="per method only a prune on every window and one at the default precision (no curves)",
@@ -113,6 +118,7 @@ def curve(job: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
             "timings": protocol.get("timings"),
             "window_nll": protocol.get("window_nll"),  # in window order, or that of window_indices
             "window_indices": sampling.get("window_indices"),
+            "window_dtype": (protocol.get("simulation") or {}).get("window_dtype"),
         }
     return points
 
@@ -180,6 +186,8 @@ def run_curves(
         if precision is None and args.skip_every_window:
             continue
         body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
+        if precision is not None and method == "slicegpt" and args.window_dtype is not None:
+            body["window_dtype"] = args.window_dtype
         job = submit(client, body, args)
         ways[name] = curve(job, "simulated")
         entry[name] = {

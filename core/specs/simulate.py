@@ -19,6 +19,7 @@ if set(get_args(SimulatedMethod)) != set(simulated_methods()):
 
 BasisSource = Literal["dense", "sequential"]
 BasisDtype = Literal["float32", "bfloat16"]
+WindowDtype = Literal["float32", "bfloat16"]
 DEFAULT_BASES: BasisSource = "sequential"
 """Per-layer slicing's default: bases of the projected stream, as SliceGPT takes them (dense-stream
 bases were 0.29-0.41 off at the median; bench/README.md, "simulate_curves.py")."""
@@ -81,6 +82,15 @@ class SimulateJobCreate(ModelSpec):
         "halves the streams' time and moved SmolLM2's curve by 0.005 in ln PPL at the median; else "
         "`dtype`. The result's `simulation.basis_dtype` says which ran.",
     )
+    window_dtype: WindowDtype | None = Field(
+        None,
+        description="`slicegpt` per-layer with a `perplexity.precision` only: the dtype a face value's "
+        "further windows (those scored past the 8-window pilot to reach the precision) run in, on a "
+        "copy of the model, each window corrected by the dense model's own gap between that dtype and "
+        "`dtype` on it. null: bfloat16 for a resident float32 model where the device computes it "
+        'natively (docs/science.md, "Simulated curves", says what it cost in error), else `dtype`. '
+        "The result's `simulation.window_dtype` says which ran.",
+    )
     round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
     slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
     layout: SlicedLayout | None = Field(
@@ -137,6 +147,18 @@ class SimulateJobCreate(ModelSpec):
             raise ValueError(
                 "basis_dtype applies to slicegpt in the per-layer layout only (the stock layout's basis is "
                 "slicing's own pooled pass; the mask methods have no basis streams); leave it null"
+            )
+        if self.window_dtype is not None and (
+            entry.simulation is not Simulation.projection or self.layout == STOCK_LAYOUT
+        ):
+            raise ValueError(
+                "window_dtype applies to slicegpt in the per-layer layout only (the stock layout and the "
+                "mask methods simulate the method itself, exactly, in `dtype`); leave it null"
+            )
+        if self.window_dtype is not None and self.perplexity.precision is None:
+            raise ValueError(
+                "window_dtype applies to the windows scored past the pilot to reach perplexity.precision; "
+                "with precision null every window is scored in the pass, in `dtype`; leave it null"
             )
         if self.basis_windows is not None and (
             entry.simulation is not Simulation.projection

@@ -109,6 +109,15 @@ def test_a_method_without_a_simulation_or_a_bad_option_is_refused_up_front(
         api.post("/v1/jobs", json=simulate_body(model, method="wanda", basis_dtype="float32")), 422
     )
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_dtype="float16")), 422)
+    for refused in (
+        dict(method="wanda", window_dtype="bfloat16"),  # a mask simulation is the method, exactly
+        dict(layout="stock", window_dtype="bfloat16"),
+        dict(window_dtype="bfloat16", perplexity={**PERPLEXITY, "precision": None}),  # no further windows
+        dict(window_dtype="float16"),
+    ):
+        problem = api.post("/v1/jobs", json=simulate_body(model, **refused))
+        assert_problem(problem, 422)
+        assert "window_dtype" in problem.text
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, bases="dense", basis_windows=2)), 422)
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, sparsities=[0.99])), 422)
 

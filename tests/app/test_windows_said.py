@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from app.services.prediction.simulated import _windows_said
+from app.services.prediction.simulated import _window_dtype_said, _windows_said
 from core.tables import Result
 
 
@@ -38,3 +38,10 @@ def test_the_answer_names_the_reference_point_the_others_were_paired_with() -> N
 def test_the_answer_says_the_dense_model_where_it_paired_the_points() -> None:
     said = _windows_said([_row(8, "dense"), _row(12, None)])  # rows stored before the field: the dense model
     assert "each point on 8-12 of 40 windows" in said and "paired with the dense model's" in said
+
+
+def test_the_answer_says_where_windows_past_the_pilot_ran_in_a_cheaper_dtype() -> None:
+    said = _window_dtype_said({"window_dtype": "bfloat16"}, "float32")
+    assert "windows past the pilot scored in bfloat16" in said and "dense model's bfloat16 gap" in said
+    assert _window_dtype_said({"window_dtype": "float32"}, "float32") == ""  # the model's own: nothing to say
+    assert _window_dtype_said({}, "float32") == ""  # rows stored before the field, or every window

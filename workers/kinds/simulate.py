@@ -12,7 +12,8 @@ Stages and the share of the job's progress each one covers:
                                halfway, then
     scoring windows            detail "s=<s> (j/S): window i of at most W, band ±x %": each face
                                value on further windows until its band reaches the precision
-                               (`workers.kinds.simulate_windows`)
+                               (`workers.kinds.simulate_windows`; SliceGPT's on a bfloat16 copy
+                               where native, `workers.simulation.cheap_windows`)
     accuracy        0.70-1.00  with `accuracy`: each simulated sparsity's whole model scored on the
                                tasks, detail "s=<s> (j/S): <task> i/N"
 
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from core.methods import METHODS
+from core.methods import METHODS, STOCK_LAYOUT, Simulation
 from core.prediction.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
 from core.prediction.paired_windows import FIRST_WINDOWS, WindowEstimate, window_order
 from core.prediction.sampling import sampled_band
@@ -61,6 +62,7 @@ from workers.simulation import (
     SimulationStopped,
     simulate_curve,
 )
+from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
 from workers.simulation.streams_dtype import resolve_streams_dtype
 from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
@@ -217,10 +219,23 @@ def _refine(
             f"the dense baseline (result {prepared.dense.id}) kept {len(dense_windows)} per-window NLLs "
             f"for a protocol of {windows.shape[0]} windows; simulate with precision null"
         )
+    model = prepared.loaded.model
+    cheap = None
+    if METHODS[spec.method].simulation is Simulation.projection and spec.layout != STOCK_LAYOUT:
+        dtype = resolve_window_dtype(spec.window_dtype, model, prepared.loaded.device)
+        if dtype is not None:
+            cheap = CheapWindows(
+                model,
+                dtype,
+                windows,
+                dense_windows,
+                batch_size=spec.perplexity.batch_size,
+                should_stop=context.should_stop,
+            )
     try:
         return refine_points(
             context,
-            prepared.loaded.model,
+            model,
             report,
             windows,
             order,
@@ -229,10 +244,16 @@ def _refine(
             batch_size=spec.perplexity.batch_size,
             start=start,
             end=end,
+            cheap=cheap,
         )
     except EvaluationStopped:
         context.check_stop()
         raise
+    finally:
+        ran = cheap is not None and cheap.ran  # the pilot may have been every window
+        report.window_dtype = str(cheap.dtype if cheap and ran else model.dtype).removeprefix("torch.")
+        if cheap is not None and ran:
+            report.timings["cheap_windows"] = cheap.seconds
 
 
 def _face_at(report: SimulationReport, sparsity: float) -> SimulatedPoint | None:
@@ -356,6 +377,7 @@ def _simulation_record(
         "bases": report.bases,
         "basis_windows": report.basis_windows if role == SIMULATED else None,
         "basis_dtype": report.basis_dtype if role == SIMULATED else None,
+        "window_dtype": report.window_dtype if role == SIMULATED else None,
         "width": width,
         # the method's own model up to float rounding (an anchor always is), not an approximation
         "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),

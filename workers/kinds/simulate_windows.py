@@ -11,20 +11,32 @@ those very windows when the curve is scaled through it.
 The face values are paired with the dense model's windows, or, where the pilot says that costs fewer
 windows (`core.prediction.curve_pairing`: slicing's damage differs much from window to window), the
 curve's middle point is scored on every window first and the others are paired with it.
+
+With `cheap` (SliceGPT on a float32 model where bfloat16 is native: `workers.simulation.cheap_windows`)
+the further windows run on a bfloat16 copy, each corrected by the dense model's own bfloat16 gap on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from core.prediction.curve_pairing import choose_reference
-from core.prediction.paired_windows import DENSE_PAIRING, WindowEstimate, estimate, estimate_sequentially
+from core.prediction.paired_windows import (
+    DENSE_PAIRING,
+    WindowEstimate,
+    WindowScorer,
+    estimate,
+    estimate_sequentially,
+)
 from workers.context import JobContext
 from workers.evaluation.sampled_perplexity import window_scorer
 from workers.kinds.steps import band_reporter, stage_progress
 from workers.simulation import SIMULATED, SimulationReport
+from workers.simulation.cheap_windows import CheapWindows
+from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
 PointKey = tuple[float, str]
 """A simulated point by (sparsity, role)."""
@@ -42,9 +54,11 @@ def refine_points(
     batch_size: int,
     start: float,
     end: float,
+    cheap: CheapWindows | None = None,
 ) -> dict[PointKey, WindowEstimate]:
     """Each point's estimate for the full-window value of `windows` (W, T), its pilot being the first
-    windows of `order` (what the report's points scored); face values refined to `precision`."""
+    windows of `order` (what the report's points scored); face values refined to `precision`, their
+    further windows on `cheap`'s copy where given."""
     pilot = list(order[: len(report.points[0].scores.per_window)]) if report.points else []
     models = {simulated.sparsity: simulated for simulated in report.models}
     population = windows.shape[0]
@@ -71,9 +85,9 @@ def refine_points(
             found[(point.sparsity, point.role)] = estimate(pilot, scored, population, dense_window_nll)
             continue
         is_reference = point.sparsity == reference
-        with simulated.applied(model):
+        with _scoring(simulated, model, windows, batch_size, context, cheap) as score:
             estimated = estimate_sequentially(
-                window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop),
+                score,
                 order,
                 None if is_reference else precision,
                 covariate,
@@ -96,6 +110,24 @@ def refine_points(
                 pilot, point.scores.per_window, population, dense_window_nll
             )
     return found
+
+
+@contextmanager
+def _scoring(
+    simulated: SimulatedModel,
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    batch_size: int,
+    context: JobContext,
+    cheap: CheapWindows | None,
+) -> Iterator[WindowScorer]:
+    """`simulated`'s window scorer: on `cheap`'s copy (which applies it per call) for a projected
+    model, else on `model` with `simulated` applied for the length of the `with`."""
+    if cheap is not None and isinstance(simulated, ProjectedModel):
+        yield cheap.scorer(simulated)
+        return
+    with simulated.applied(model):
+        yield window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop)
 
 
 def by_index(found: WindowEstimate) -> list[float]:

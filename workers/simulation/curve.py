@@ -62,6 +62,7 @@ class SimulationReport:
     timings: dict[str, float] = field(default_factory=dict)
     models: list[SimulatedModel] = field(default_factory=list)  # `keep_models`: the face values, whole
     basis_dtype: str | None = None  # per-layer slicing: the dtype its basis streams ran in
+    window_dtype: str | None = None  # to a precision: the dtype face values' further windows ran in
 
 
 @dataclass(frozen=True)

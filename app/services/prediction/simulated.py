@@ -113,12 +113,21 @@ def _newest_simulation(
         + (f", {simulation.get('bases')} bases" if simulation.get("bases") else "")
         + (f" from {simulation.get('basis_windows')} windows" if simulation.get("basis_windows") else "")
         + (f" streamed in {simulation.get('basis_dtype')}" if simulation.get("basis_dtype") else "")
+        + _window_dtype_said(simulation, (face_rows or mine)[0].protocol.get("dtype"))
         + (f"; anchored at {simulation.get('anchors')}" if anchored else "; no anchor")
         + _windows_said(face_rows)
     )
     exact = bool(face_rows) and all((r.protocol.get("simulation") or {}).get("exact") for r in face_rows)
     anchors = tuple(float(a) for a in simulation.get("anchors") or ())
     return SimulatedCurves(job_id, face, anchored or None, describe, exact, anchors)
+
+
+def _window_dtype_said(simulation: dict[str, Any], dtype: str | None) -> str:
+    """Where further windows ran in another dtype than the model's, and how they were corrected."""
+    cheap = simulation.get("window_dtype")
+    if not cheap or cheap == dtype:
+        return ""
+    return f"; windows past the pilot scored in {cheap}, each corrected by the dense model's {cheap} gap"
 
 
 def _windows_said(rows: list[Result]) -> str:

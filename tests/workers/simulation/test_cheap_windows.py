@@ -1,0 +1,142 @@
+"""Further windows on a cheaper copy: each window corrected by the dense model's own gap in that dtype,
+the pilot and the job's model untouched, the model's own dtype the same numbers as no copy at all."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+import torch
+
+from core.prediction.paired_windows import window_order
+from tests.workers.simulation.test_curve_refinement import CALIBRATION, SEQLEN, SPARSITIES, WINDOWS, _Context
+from tests.workers.slicing.tiny import build, token_ids
+from workers.context import JobContext
+from workers.evaluation.perplexity import window_nll_sums
+from workers.kinds.simulate_windows import pilot_windows, refine_points
+from workers.offload import offload
+from workers.simulation import SIMULATED, SimulationOptions, SimulationReport, simulate_curve
+from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
+from workers.simulation.streams_dtype import computes_bfloat16_natively
+from workers.simulation.whole_models import ProjectedModel
+
+WINDOW_IDS = token_ids(WINDOWS, SEQLEN, seed=3)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread: None) -> None:
+    """Tiny models: one torch thread (tests/workers/conftest.py)."""
+
+
+def _window_nll(model: torch.nn.Module, windows: torch.Tensor) -> list[float]:
+    return [float(s) / (windows.shape[1] - 1) for s in window_nll_sums(model, windows)]
+
+
+def _simulated(model: torch.nn.Module, windows: torch.Tensor) -> SimulationReport:
+    options = SimulationOptions(calibration_batch_size=4, keep_models=True)
+    return simulate_curve(
+        model, "slicegpt", windows, SPARSITIES, calibration_ids=CALIBRATION, options=options
+    )
+
+
+def _projected(report: SimulationReport, sparsity: float) -> ProjectedModel:
+    found = next(m for m in report.models if m.sparsity == sparsity)
+    assert isinstance(found, ProjectedModel)
+    return found
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3"])
+def test_each_window_is_the_cheap_value_less_the_dense_models_own_gap(case: str) -> None:
+    model = build(case)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    dense = _window_nll(model, WINDOW_IDS)
+    simulated = _projected(_simulated(model, WINDOW_IDS[:2]), 0.35)
+    cheap = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    indices = [5, 0, 7]
+    corrected = cheap.scorer(simulated)(indices)
+
+    copy_bf16 = build(case).to(torch.bfloat16)  # the same seeded weights, cast apart from the job's
+    dense_bf16 = _window_nll(copy_bf16, WINDOW_IDS)
+    with simulated.applied(copy_bf16):
+        simulated_bf16 = _window_nll(copy_bf16, WINDOW_IDS)
+    with simulated.applied(model):
+        simulated_fp32 = _window_nll(model, WINDOW_IDS)
+    for value, index in zip(corrected, indices, strict=True):
+        expected = simulated_bf16[index] - (dense_bf16[index] - dense[index])
+        assert value == pytest.approx(expected, abs=1e-6)
+        assert value == pytest.approx(simulated_fp32[index], rel=2e-2)  # bfloat16's rounding, no more
+    assert corrected != [simulated_fp32[i] for i in indices]  # it really ran in bfloat16
+    for name, tensor in model.state_dict().items():  # the job's model is neither cast nor changed
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, before[name])
+
+
+def test_the_dense_gap_follows_the_stored_baseline_and_is_scored_once_per_window() -> None:
+    model = build("llama")
+    dense = _window_nll(model, WINDOW_IDS)
+    simulated = _projected(_simulated(model, WINDOW_IDS[:2]), 0.5)
+    shifted = [value + 1.0 for value in dense]  # a baseline one nat higher per window
+    plain = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense).scorer(simulated)([1, 2])
+    cheap = CheapWindows(model, torch.bfloat16, WINDOW_IDS, shifted)
+    moved = cheap.scorer(simulated)([1, 2])
+    assert moved == pytest.approx([value + 1.0 for value in plain], abs=1e-9)
+    cheap.scorer(simulated)([2, 3])
+    assert cheap.dense_windows == 3 and cheap.windows_scored == 4
+    with pytest.raises(ValueError, match="dense window values"):
+        CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense[:-1])
+
+
+def _refined(model: torch.nn.Module, cheap: CheapWindows | None) -> tuple[dict[Any, Any], SimulationReport]:
+    order = window_order(WINDOWS, 42)
+    report = _simulated(model, WINDOW_IDS[torch.tensor(pilot_windows(order, 4))])
+    dense = _window_nll(model, WINDOW_IDS)
+    found = refine_points(
+        cast(JobContext, _Context()),
+        model,
+        report,
+        WINDOW_IDS,
+        order,
+        dense,
+        0.05,
+        batch_size=2,
+        start=0.0,
+        end=1.0,
+        cheap=cheap,
+    )
+    return found, report
+
+
+def test_a_copy_in_the_models_own_dtype_gives_the_curve_without_one() -> None:
+    model = build("llama")
+    dense = _window_nll(model, WINDOW_IDS)
+    plain, _ = _refined(model, None)
+    copied, _ = _refined(model, CheapWindows(model, torch.float32, WINDOW_IDS, dense))
+    assert plain.keys() == copied.keys()
+    for key, found in plain.items():
+        assert copied[key].indices == found.indices
+        assert copied[key].window_nll == pytest.approx(found.window_nll, abs=1e-9)
+
+
+def test_the_pilot_stays_in_the_models_dtype_and_only_further_windows_run_cheap() -> None:
+    model = build("llama")
+    dense = _window_nll(model, WINDOW_IDS)
+    cheap = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    found, report = _refined(model, cheap)
+    further = 0
+    for point in report.points:
+        refined = found[(point.sparsity, SIMULATED)]
+        pilot = point.scores.per_window
+        assert list(refined.window_nll[: len(pilot)]) == pilot  # bit for bit: not rescored
+        further += refined.windows - len(pilot)
+    assert further > 0 and cheap.windows_scored == further
+
+
+def test_the_window_dtype_is_what_the_job_asks_else_bfloat16_where_native_and_resident() -> None:
+    cpu = torch.device("cpu")
+    model = build("llama")
+    native = computes_bfloat16_natively(cpu)
+    assert resolve_window_dtype(None, model, cpu) == (torch.bfloat16 if native else None)
+    assert resolve_window_dtype("float32", model, cpu) is None  # the model's own: no copy
+    assert resolve_window_dtype("bfloat16", model, cpu) == torch.bfloat16
+    assert resolve_window_dtype(None, build("llama").to(torch.bfloat16), cpu) is None
+    offload(model, model.model.layers, cpu)  # no room for a copy of a model that streams its blocks
+    assert resolve_window_dtype(None, model, cpu) is None

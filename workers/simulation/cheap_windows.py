@@ -1,0 +1,137 @@
+"""A simulated SliceGPT point's further windows scored in bfloat16, corrected by the dense model's gap.
+
+Past the pilot, a face value's windows run through its whole simulated model (`whole_models`), one
+forward per window; that is most of what a curve to a precision costs (bench/README.md,
+`precision_curves.py`). Where the device multiplies bfloat16 natively and the model is float32, those
+windows run on a bfloat16 copy of the model instead, and each window's value is corrected by what
+bfloat16 does to the dense model on that very window:
+
+    nll_i = simulated_bf16_i - (dense_bf16_i - dense_i)
+
+so the paired difference to the dense model is taken within one dtype (`dense_i` is the stored
+float32 baseline). What is left is the difference between what bfloat16 does to the pruned and to the
+dense model on a window, a bias the band does not cover: measured in `bench/window_dtype.py` (see
+docs/science.md, "Simulated curves") before it became the default. The pilot, every anchor and the
+mask methods stay in the model's dtype (a mask simulation is the method itself, exactly).
+
+Memory: the copy is half the float32 model; it is made only where the model is resident (an offloaded
+model has no room for one) and dropped when the curve is done.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from core.prediction.paired_windows import WindowScorer
+from workers.evaluation.sampled_perplexity import window_scorer
+from workers.offload import offloaded
+from workers.simulation.streams_dtype import CHEAP_STREAMS_DTYPE, computes_bfloat16_natively
+from workers.simulation.whole_models import ProjectedModel
+
+CUDA_HEADROOM = 2.0
+"""On a GPU the copy is made only where free memory holds this many float32 copies of the model
+(the float32 copy `deepcopy` makes before the cast, and room to run)."""
+
+
+def resolve_window_dtype(asked: str | None, model: nn.Module, device: torch.device) -> torch.dtype | None:
+    """The further windows' dtype where it differs from the model's (None: the model's own). `asked` is
+    the job's `window_dtype`; null picks bfloat16 for a resident float32 model on a device that computes
+    it natively, with room for the copy, and the model's dtype otherwise."""
+    model_dtype = next(model.parameters()).dtype
+    native = computes_bfloat16_natively(device)
+    if asked is not None:
+        wanted = getattr(torch, asked)
+    elif model_dtype == torch.float32 and native and _room_for_copy(model, device):
+        wanted = CHEAP_STREAMS_DTYPE
+    else:
+        return None
+    return None if wanted == model_dtype else wanted
+
+
+def _room_for_copy(model: nn.Module, device: torch.device) -> bool:
+    if offloaded(model) is not None:
+        return False
+    if device.type != "cuda":
+        return True
+    size = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    free, _ = torch.cuda.mem_get_info(device)
+    return free >= CUDA_HEADROOM * size
+
+
+class CheapWindows:
+    """The dense model copied into `dtype`, and the per-window gap it has to the model's own values."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dtype: torch.dtype,
+        windows: torch.Tensor,
+        dense_window_nll: Sequence[float],
+        *,
+        batch_size: int = 1,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        if len(dense_window_nll) != windows.shape[0]:
+            raise ValueError(f"{len(dense_window_nll)} dense window values for {windows.shape[0]} windows")
+        self.dtype = dtype
+        self._model = model
+        self._windows = windows
+        self._batch_size = batch_size
+        self._should_stop = should_stop
+        self._copy: nn.Module | None = None  # made on the first window it scores
+        self._dense = dense_window_nll
+        self._gap: dict[int, float] = {}
+        self.windows_scored = 0  # simulated windows, corrected
+        self.seconds = 0.0  # the copy, the dense windows and the corrected ones
+
+    @property
+    def model(self) -> nn.Module:
+        """The copy of the dense model in `dtype` (made on first use; the job's model is not touched)."""
+        if self._copy is None:
+            self._copy = copy.deepcopy(self._model).to(self.dtype)
+        return self._copy
+
+    def _score(self, indices: Sequence[int]) -> Sequence[float]:
+        scorer = window_scorer(
+            self.model, self._windows, batch_size=self._batch_size, should_stop=self._should_stop
+        )
+        return scorer(indices)
+
+    def scorer(self, simulated: ProjectedModel) -> WindowScorer:
+        """Scores windows by index on `simulated` in this dtype, each corrected by the dense gap."""
+
+        def score(indices: Sequence[int]) -> list[float]:
+            gaps = self.gaps(indices)
+            started = time.perf_counter()
+            with simulated.applied(self.model):
+                values = self._score(indices)
+            self.windows_scored += len(indices)
+            self.seconds += time.perf_counter() - started
+            return [value - gap for value, gap in zip(values, gaps, strict=True)]
+
+        return score
+
+    def gaps(self, indices: Sequence[int]) -> list[float]:
+        """dense_dtype_i - dense_i for each window, the dense copy scored once per window."""
+        started = time.perf_counter()
+        missing = [index for index in indices if index not in self._gap]
+        if missing:
+            for index, value in zip(missing, self._score(missing), strict=True):
+                self._gap[index] = value - self._dense[index]
+        self.seconds += time.perf_counter() - started
+        return [self._gap[index] for index in indices]
+
+    @property
+    def ran(self) -> bool:
+        """Whether any window was scored on the copy."""
+        return self._copy is not None
+
+    @property
+    def dense_windows(self) -> int:
+        """How many windows the dense copy has scored (each once)."""
+        return len(self._gap)
