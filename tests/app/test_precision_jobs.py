@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from core.prediction.paired_windows import estimate, window_order
 from tests.app.test_jobs_api import assert_problem
 from tests.app.test_prune_jobs import prune_body, wait_done
 from tests.app.test_simulate_jobs import simulate_body
+from workers.simulation.streams_dtype import computes_bfloat16_natively
 
 WINDOWS = 24
 SEQLEN = 64
@@ -127,3 +129,28 @@ def test_a_precision_outside_zero_one_is_a_422_naming_the_field(
     }
     problem = assert_problem(api.post("/v1/jobs", json=bodies[kind]), 422)
     assert "precision" in str(problem)
+
+
+def test_slicings_further_windows_run_in_bfloat16_where_native_and_say_so(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Past the 8-window pilot, a SliceGPT point's windows run on a bfloat16 copy where this CPU
+    computes it natively (gap-corrected per window); the pilot's windows are the float32 ones."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    runs = {}
+    for asked in (None, "float32"):
+        body = simulate_body(
+            model, sparsities=[0.5], anchors=[], perplexity=_protocol(1e-4), window_dtype=asked
+        )
+        runs[asked] = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+    (default,), (plain,) = runs[None], runs["float32"]
+    cheap = "bfloat16" if computes_bfloat16_natively(torch.device("cpu")) else "float32"
+    assert default["protocol"]["simulation"]["window_dtype"] == cheap
+    assert plain["protocol"]["simulation"]["window_dtype"] == "float32"
+    assert default["protocol"]["sampling"]["windows"] == plain["protocol"]["sampling"]["windows"] == WINDOWS
+    assert default["protocol"]["window_nll"][:8] == plain["protocol"]["window_nll"][:8]  # the pilot
+    assert math.isclose(default["value"], plain["value"], rel_tol=5e-2)
+    if cheap == "bfloat16":
+        assert default["value"] != plain["value"]
+        assert "cheap_windows" in default["protocol"]["simulation"]["engine_timings_s"]

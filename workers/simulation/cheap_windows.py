@@ -40,17 +40,17 @@ CUDA_HEADROOM = 2.0
 
 def resolve_window_dtype(asked: str | None, model: nn.Module, device: torch.device) -> torch.dtype | None:
     """The further windows' dtype where it differs from the model's (None: the model's own). `asked` is
-    the job's `window_dtype`; null picks bfloat16 for a resident float32 model on a device that computes
-    it natively, with room for the copy, and the model's dtype otherwise."""
+    the job's `window_dtype`; null picks bfloat16 for a float32 model on a device that computes it
+    natively. Either way a copy is made only where the model is resident with room for it (else the
+    model's own dtype, which the row then records)."""
     model_dtype = next(model.parameters()).dtype
-    native = computes_bfloat16_natively(device)
     if asked is not None:
         wanted = getattr(torch, asked)
-    elif model_dtype == torch.float32 and native and _room_for_copy(model, device):
+    elif model_dtype == torch.float32 and computes_bfloat16_natively(device):
         wanted = CHEAP_STREAMS_DTYPE
     else:
         return None
-    return None if wanted == model_dtype else wanted
+    return None if wanted == model_dtype or not _room_for_copy(model, device) else wanted
 
 
 def _room_for_copy(model: nn.Module, device: torch.device) -> bool:

@@ -174,4 +174,10 @@ def _projecting(
 
 
 def _projected(hidden: torch.Tensor, basis: torch.Tensor | None, width: int) -> torch.Tensor:
-    return hidden if basis is None else project(hidden, basis, width)
+    """The projection in float32 at least: a bfloat16 Q_d Q_dᵀ is no projector, and its rounding of
+    the whole kept part (s >= 0.5) moved SmolLM2's ln PPL by 0.013 (bench/window_dtype.py)."""
+    if basis is None:
+        return hidden
+    if hidden.dtype in (torch.float32, torch.float64):
+        return project(hidden, basis, width)
+    return project(hidden.float(), basis, width).to(hidden.dtype)

@@ -140,3 +140,4 @@ def test_the_window_dtype_is_what_the_job_asks_else_bfloat16_where_native_and_re
     assert resolve_window_dtype(None, build("llama").to(torch.bfloat16), cpu) is None
     offload(model, model.model.layers, cpu)  # no room for a copy of a model that streams its blocks
     assert resolve_window_dtype(None, model, cpu) is None
+    assert resolve_window_dtype("bfloat16", model, cpu) is None  # asked for, but no room: the model's own
