@@ -153,4 +153,5 @@ def test_slicings_further_windows_run_in_bfloat16_where_native_and_say_so(
     assert math.isclose(default["value"], plain["value"], rel_tol=5e-2)
     if cheap == "bfloat16":
         assert default["value"] != plain["value"]
-        assert "cheap_windows" in default["protocol"]["simulation"]["engine_timings_s"]
+        timings = default["protocol"]["simulation"]["engine_timings_s"]
+        assert 0 <= timings["cheap_windows_dense"] < timings["cheap_windows"]

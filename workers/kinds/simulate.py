@@ -254,6 +254,7 @@ def _refine(
         report.window_dtype = str(cheap.dtype if cheap and ran else model.dtype).removeprefix("torch.")
         if cheap is not None and ran:
             report.timings["cheap_windows"] = cheap.seconds
+            report.timings["cheap_windows_dense"] = cheap.dense_seconds
 
 
 def _face_at(report: SimulationReport, sparsity: float) -> SimulatedPoint | None:

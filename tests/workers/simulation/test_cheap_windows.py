@@ -81,6 +81,7 @@ def test_the_dense_gap_follows_the_stored_baseline_and_is_scored_once_per_window
     assert moved == pytest.approx([value + 1.0 for value in plain], abs=1e-9)
     cheap.scorer(simulated)([2, 3])
     assert cheap.dense_windows == 3 and cheap.windows_scored == 4
+    assert 0.0 < cheap.dense_seconds < cheap.seconds
     with pytest.raises(ValueError, match="dense window values"):
         CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense[:-1])
 
