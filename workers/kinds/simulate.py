@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from core.methods import METHODS, STOCK_LAYOUT, Simulation
+from core.methods import METHODS
 from core.prediction.anchoring import ANCHORED_LAW, Anchor, AnchoredScale, fit_scale
 from core.prediction.paired_windows import FIRST_WINDOWS, WindowEstimate, window_order
 from core.prediction.sampling import sampled_band
@@ -44,13 +44,13 @@ from core.specs.common import AccuracySpec
 from core.specs.simulate import SimulateJobCreate
 from core.tables import SIMULATED_SOURCE, Result
 from workers.context import JobContext, JobFailure
-from workers.evaluation.perplexity import EvaluationStopped, PerplexityResult, evaluation_windows
+from workers.evaluation.perplexity import PerplexityResult, evaluation_windows
 from workers.evaluation.task_scoring import ScoredTask
 from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.job_data import Prepared
 from workers.kinds.prune_steps import PrepareSpans, lap, prepare
 from workers.kinds.rows import compared_accuracy_results, perplexity_protocol, stored_method
-from workers.kinds.simulate_windows import PointKey, pilot_windows, refine_points
+from workers.kinds.simulate_windows import PointKey, pilot_windows, refine_to_precision
 from workers.kinds.steps import stage_progress, step_reporter
 from workers.offload import suspended
 from workers.simulation import (
@@ -62,7 +62,6 @@ from workers.simulation import (
     SimulationStopped,
     simulate_curve,
 )
-from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
 from workers.simulation.streams_dtype import resolve_streams_dtype
 from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
@@ -131,7 +130,7 @@ def run(context: JobContext) -> None:
     estimates: Estimates = {}
     if order is not None and precision is not None:
         refining_started = time.perf_counter()
-        estimates = _refine(
+        estimates = refine_to_precision(
             context, prepared, spec, report, windows, order, precision, pass_end, simulated_end
         )
         timings["windows_s"] = lap(refining_started)
@@ -199,62 +198,6 @@ def simulated_results(
 
 def _key(point: SimulatedPoint) -> PointKey:
     return (point.sparsity, point.role)
-
-
-def _refine(
-    context: JobContext,
-    prepared: Prepared,
-    spec: SimulateJobCreate,
-    report: SimulationReport,
-    windows: torch.Tensor,
-    order: list[int],
-    precision: float,
-    start: float,
-    end: float,
-) -> Estimates:
-    """Every point to the job's precision, paired with the dense baseline's per-window NLL."""
-    dense_windows = prepared.dense.protocol.get("window_nll") or []
-    if len(dense_windows) != windows.shape[0]:
-        raise JobFailure(
-            f"the dense baseline (result {prepared.dense.id}) kept {len(dense_windows)} per-window NLLs "
-            f"for a protocol of {windows.shape[0]} windows; simulate with precision null"
-        )
-    model = prepared.loaded.model
-    cheap = None
-    if METHODS[spec.method].simulation is Simulation.projection and spec.layout != STOCK_LAYOUT:
-        dtype = resolve_window_dtype(spec.window_dtype, model, prepared.loaded.device)
-        if dtype is not None:
-            cheap = CheapWindows(
-                model,
-                dtype,
-                windows,
-                dense_windows,
-                batch_size=spec.perplexity.batch_size,
-                should_stop=context.should_stop,
-            )
-    try:
-        return refine_points(
-            context,
-            model,
-            report,
-            windows,
-            order,
-            dense_windows,
-            precision,
-            batch_size=spec.perplexity.batch_size,
-            start=start,
-            end=end,
-            cheap=cheap,
-        )
-    except EvaluationStopped:
-        context.check_stop()
-        raise
-    finally:
-        ran = cheap is not None and cheap.ran  # the pilot may have been every window
-        report.window_dtype = str(cheap.dtype if cheap and ran else model.dtype).removeprefix("torch.")
-        if cheap is not None and ran:
-            report.timings["cheap_windows"] = cheap.seconds
-            report.timings["cheap_windows_dense"] = cheap.dense_seconds
 
 
 def _face_at(report: SimulationReport, sparsity: float) -> SimulatedPoint | None:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
+from core.methods import METHODS, STOCK_LAYOUT, Simulation
 from core.prediction.curve_pairing import choose_reference
 from core.prediction.paired_windows import (
     DENSE_PAIRING,
@@ -31,15 +32,75 @@ from core.prediction.paired_windows import (
     estimate,
     estimate_sequentially,
 )
-from workers.context import JobContext
+from core.specs.simulate import SimulateJobCreate
+from workers.context import JobContext, JobFailure
+from workers.evaluation.perplexity import EvaluationStopped
 from workers.evaluation.sampled_perplexity import window_scorer
+from workers.kinds.job_data import Prepared
 from workers.kinds.steps import band_reporter, stage_progress
 from workers.simulation import SIMULATED, SimulationReport
-from workers.simulation.cheap_windows import CheapWindows
+from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
 from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
 PointKey = tuple[float, str]
 """A simulated point by (sparsity, role)."""
+
+
+def refine_to_precision(
+    context: JobContext,
+    prepared: Prepared,
+    spec: SimulateJobCreate,
+    report: SimulationReport,
+    windows: torch.Tensor,
+    order: list[int],
+    precision: float,
+    start: float,
+    end: float,
+) -> dict[PointKey, WindowEstimate]:
+    """Every point of a simulate job to its precision, paired with the dense baseline's per-window NLL;
+    SliceGPT's further windows on a cheaper copy where `resolve_window_dtype` says (recorded in `report`)."""
+    dense_windows = prepared.dense.protocol.get("window_nll") or []
+    if len(dense_windows) != windows.shape[0]:
+        raise JobFailure(
+            f"the dense baseline (result {prepared.dense.id}) kept {len(dense_windows)} per-window NLLs "
+            f"for a protocol of {windows.shape[0]} windows; simulate with precision null"
+        )
+    model = prepared.loaded.model
+    cheap = None
+    if METHODS[spec.method].simulation is Simulation.projection and spec.layout != STOCK_LAYOUT:
+        dtype = resolve_window_dtype(spec.window_dtype, model, prepared.loaded.device)
+        if dtype is not None:
+            cheap = CheapWindows(
+                model,
+                dtype,
+                windows,
+                dense_windows,
+                batch_size=spec.perplexity.batch_size,
+                should_stop=context.should_stop,
+            )
+    try:
+        return refine_points(
+            context,
+            model,
+            report,
+            windows,
+            order,
+            dense_windows,
+            precision,
+            batch_size=spec.perplexity.batch_size,
+            start=start,
+            end=end,
+            cheap=cheap,
+        )
+    except EvaluationStopped:
+        context.check_stop()
+        raise
+    finally:
+        ran = cheap is not None and cheap.ran  # the pilot may have been every window
+        report.window_dtype = str(cheap.dtype if cheap and ran else model.dtype).removeprefix("torch.")
+        if cheap is not None and ran:
+            report.timings["cheap_windows"] = cheap.seconds
+            report.timings["cheap_windows_dense"] = cheap.dense_seconds
 
 
 def refine_points(
