@@ -30,7 +30,7 @@ from torch import nn
 from core.prediction.paired_windows import WindowScorer
 from workers.evaluation.sampled_perplexity import window_scorer
 from workers.offload import offloaded
-from workers.simulation.streams_dtype import CHEAP_STREAMS_DTYPE, computes_bfloat16_natively
+from workers.simulation.streams_dtype import resolve_streams_dtype
 from workers.simulation.whole_models import ProjectedModel
 
 CUDA_HEADROOM = 2.0
@@ -43,14 +43,8 @@ def resolve_window_dtype(asked: str | None, model: nn.Module, device: torch.devi
     the job's `window_dtype`; null picks bfloat16 for a float32 model on a device that computes it
     natively. Either way a copy is made only where the model is resident with room for it (else the
     model's own dtype, which the row then records)."""
-    model_dtype = next(model.parameters()).dtype
-    if asked is not None:
-        wanted = getattr(torch, asked)
-    elif model_dtype == torch.float32 and computes_bfloat16_natively(device):
-        wanted = CHEAP_STREAMS_DTYPE
-    else:
-        return None
-    return None if wanted == model_dtype or not _room_for_copy(model, device) else wanted
+    wanted = resolve_streams_dtype(asked, next(model.parameters()).dtype, device)  # the same rule
+    return None if wanted is None or not _room_for_copy(model, device) else wanted
 
 
 def _room_for_copy(model: nn.Module, device: torch.device) -> bool:
