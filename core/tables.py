@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
     event,
 )
 from sqlalchemy.engine import Connection, Dialect
@@ -159,6 +160,22 @@ class Result(Base):
     n: Mapped[int | None] = mapped_column(Integer, default=None)
     source: Mapped[str] = mapped_column(String(16), default="measured")  # one of RESULT_SOURCES
     law: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DenseWindow(Base):
+    """One evaluation window's mean NLL under a dense baseline (a `results` row) as scored in another
+    dtype on a kind of device: what a simulation's bfloat16 windows are corrected by
+    (`workers.simulation.cheap_windows`), so each is scored once per baseline, dtype and device."""
+
+    __tablename__ = "dense_windows"
+    __table_args__ = (UniqueConstraint("result_id", "scored_on", "window_index", name="uq_dense_windows"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))
+    scored_on: Mapped[str] = mapped_column(String(256))  # e.g. "bfloat16 on cpu (AVX512), torch 2.13.0"
+    window_index: Mapped[int] = mapped_column(Integer)  # the window's place in its protocol
+    nll: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

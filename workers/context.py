@@ -102,6 +102,10 @@ class JobContext:
             self.log.warning("store unreachable; carrying on without this write", what=what)
             return None
 
+    def write_cache(self, work: Callable[[Session], None], what: str) -> None:
+        """Keep what a later job may reuse but can recompute (one try; an outage is logged)."""
+        self._best_effort(work, what)
+
     # -- progress and stopping -------------------------------------------------------------
     def report(self, stage: str, progress: float, detail: str | None = None) -> None:
         """Record where the job is; raises JobStopped at this safe point if it must stop."""

@@ -155,3 +155,13 @@ def test_slicings_further_windows_run_in_bfloat16_where_native_and_say_so(
         assert default["value"] != plain["value"]
         timings = default["protocol"]["simulation"]["engine_timings_s"]
         assert 0 <= timings["cheap_windows_dense"] < timings["cheap_windows"]
+        past_pilot = WINDOWS - 8
+        assert default["protocol"]["simulation"]["dense_windows"] == {"scored": past_pilot, "reused": 0}
+        body = simulate_body(model, sparsities=[0.4], anchors=[], perplexity=_protocol(1e-4))
+        (later,) = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+        # the dense model's bfloat16 windows were kept with its baseline: none is scored again
+        assert later["protocol"]["simulation"]["dense_windows"] == {"scored": 0, "reused": past_pilot}
+        assert (
+            "dense_windows" not in plain["protocol"]["simulation"]
+            or not plain["protocol"]["simulation"]["dense_windows"]
+        )

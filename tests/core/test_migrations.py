@@ -30,10 +30,11 @@ def _schema(url: str) -> dict[str, set[str]]:
 
 
 EXPECTED = {table.name: {column.name for column in table.columns} for table in Base.metadata.sorted_tables}
-# Revision 0010 added store_generation, 0009 probe_points.convention, 0008 profile_linears, 0007
-# jobs.parent_id, 0006 the probe points' spread, 0005 the profile tables, 0004 jobs.progress_at, 0003
-# probe_points.probe.
-BEFORE_0010 = {name: columns for name, columns in EXPECTED.items() if name != "store_generation"}
+# Revision 0011 added dense_windows, 0010 store_generation, 0009 probe_points.convention, 0008
+# profile_linears, 0007 jobs.parent_id, 0006 the probe points' spread, 0005 the profile tables, 0004
+# jobs.progress_at, 0003 probe_points.probe.
+BEFORE_0011 = {name: columns for name, columns in EXPECTED.items() if name != "dense_windows"}
+BEFORE_0010 = {name: columns for name, columns in BEFORE_0011.items() if name != "store_generation"}
 BEFORE_0009 = {**BEFORE_0010, "probe_points": EXPECTED["probe_points"] - {"convention"}}
 BEFORE_0008 = {name: columns for name, columns in BEFORE_0009.items() if name != "profile_linears"}
 BEFORE_0007 = {**BEFORE_0008, "jobs": EXPECTED["jobs"] - {"parent_id"}}
@@ -367,3 +368,39 @@ def test_generation_migration_counts_from_zero_and_downgrades_back(
         session.execute(text("UPDATE jobs SET status = 'failed' WHERE id = 'job-1'"))
         assert session.scalar(text("SELECT count(*) FROM jobs")) == 1
     store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_dense_windows_migration_keeps_results_and_cascades_from_them(
+    backend: str, scratch_pg_url: str, tmp_path: Path
+) -> None:
+    url = _url(backend, scratch_pg_url, tmp_path)
+    upgrade(url, "0010")
+    assert _schema(url) == BEFORE_0011
+    store = Store(url)
+    _insert_job(store, "job-1", "evaluate", status="succeeded")
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO results (id, job_id, model_id, method, sparsity, metric, dataset, protocol, "
+                "value, source, created_at) VALUES (7, 'job-1', 'm', 'dense', 0, 'ppl', 'wikitext2', '{}', "
+                "20.0, 'measured', CURRENT_TIMESTAMP)"
+            )
+        )
+    store.dispose()
+    upgrade(url)
+    assert _schema(url) == EXPECTED
+    store = Store(url)
+    with store.session() as session:
+        session.execute(
+            text(
+                "INSERT INTO dense_windows (result_id, scored_on, window_index, nll, created_at) "
+                "VALUES (7, 'bfloat16 on cpu', 3, 3.25, CURRENT_TIMESTAMP)"
+            )
+        )
+    with store.session() as session:
+        session.execute(text("DELETE FROM results WHERE id = 7"))
+        assert session.scalar(text("SELECT count(*) FROM dense_windows")) == 0
+    store.dispose()
+    command.downgrade(alembic_config(url), "0010")
+    assert _schema(url) == BEFORE_0011

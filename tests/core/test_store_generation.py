@@ -103,7 +103,7 @@ def test_a_truncate_bumps_it_on_postgres(store: Store) -> None:
     with store.session() as session:
         session.add(Job(id="job-1", kind="evaluate", request={}, model_id="m", request_hash="h"))
     with store.session() as session:
-        session.execute(text("TRUNCATE results"))
+        session.execute(text("TRUNCATE results CASCADE"))  # and dense_windows, which points at it
     assert generation(store) == 1
     with store.session() as session:
         session.execute(text("TRUNCATE jobs CASCADE"))  # cascades to results, fits and profiles

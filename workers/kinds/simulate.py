@@ -322,6 +322,7 @@ def _simulation_record(
         "basis_windows": report.basis_windows if role == SIMULATED else None,
         "basis_dtype": report.basis_dtype if role == SIMULATED else None,
         "window_dtype": report.window_dtype if role == SIMULATED else None,
+        "dense_windows": report.dense_windows if role == SIMULATED else None,
         "width": width,
         # the method's own model up to float rounding (an anchor always is), not an approximation
         "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),

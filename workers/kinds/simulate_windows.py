@@ -13,7 +13,9 @@ windows (`core.prediction.curve_pairing`: slicing's damage differs much from win
 curve's middle point is scored on every window first and the others are paired with it.
 
 With `cheap` (SliceGPT on a float32 model where bfloat16 is native: `workers.simulation.cheap_windows`)
-the further windows run on a bfloat16 copy, each corrected by the dense model's own bfloat16 gap on it.
+the further windows run on a bfloat16 copy, each corrected by the dense model's own bfloat16 gap on it;
+the dense model's bfloat16 windows are kept with its baseline, so each is scored once
+(`workers.kinds.dense_windows`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from core.specs.simulate import SimulateJobCreate
 from workers.context import JobContext, JobFailure
 from workers.evaluation.perplexity import EvaluationStopped
 from workers.evaluation.sampled_perplexity import window_scorer
+from workers.kinds.dense_windows import scored_on, store_dense_windows, stored_dense_windows
 from workers.kinds.job_data import Prepared
 from workers.kinds.steps import band_reporter, stage_progress
 from workers.simulation import SIMULATED, SimulationReport
@@ -65,11 +68,15 @@ def refine_to_precision(
             f"the dense baseline (result {prepared.dense.id}) kept {len(dense_windows)} per-window NLLs "
             f"for a protocol of {windows.shape[0]} windows; simulate with precision null"
         )
-    model = prepared.loaded.model
-    cheap = None
+    model, dense_id = prepared.loaded.model, prepared.dense.id
+    cheap, key = None, ""
     if METHODS[spec.method].simulation is Simulation.projection and spec.layout != STOCK_LAYOUT:
         dtype = resolve_window_dtype(spec.window_dtype, model, prepared.loaded.device)
         if dtype is not None:
+            key = scored_on(dtype, prepared.loaded.device)
+            known = context.read(
+                lambda session: stored_dense_windows(session, dense_id, key), "reading the dense windows"
+            )
             cheap = CheapWindows(
                 model,
                 dtype,
@@ -77,6 +84,7 @@ def refine_to_precision(
                 dense_windows,
                 batch_size=spec.perplexity.batch_size,
                 should_stop=context.should_stop,
+                known=known,
             )
     try:
         return refine_points(
@@ -101,6 +109,12 @@ def refine_to_precision(
         if cheap is not None and ran:
             report.timings["cheap_windows"] = cheap.seconds
             report.timings["cheap_windows_dense"] = cheap.dense_seconds
+            report.dense_windows = {"scored": cheap.dense_windows, "reused": cheap.dense_reused}
+            scored = dict(cheap.dense_scored)  # kept even when the job stops: they are right
+            context.write_cache(
+                lambda session: store_dense_windows(session, dense_id, key, scored),
+                "keeping the dense windows",
+            )
 
 
 def refine_points(

@@ -14,6 +14,10 @@ dense model on a window, a bias the band does not cover: measured in `bench/wind
 docs/science.md, "Simulated curves") before it became the default. The pilot, every anchor and the
 mask methods stay in the model's dtype (a mask simulation is the method itself, exactly).
 
+The dense model's values in the copy's dtype depend only on the baseline, so a job starts from those
+a store already holds (`known`) and hands back those it scored (`dense_scored`) to be kept
+(`workers.kinds.dense_windows`).
+
 Memory: the copy is half the float32 model; it is made only where the model is resident (an offloaded
 model has no room for one) and dropped when the curve is done.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -58,7 +62,8 @@ def _room_for_copy(model: nn.Module, device: torch.device) -> bool:
 
 
 class CheapWindows:
-    """The dense model copied into `dtype`, and the per-window gap it has to the model's own values."""
+    """The dense model copied into `dtype`, and the per-window gap it has to the model's own values.
+    `known`: the dense model's mean NLL in `dtype` on windows scored before (by index)."""
 
     def __init__(
         self,
@@ -69,6 +74,7 @@ class CheapWindows:
         *,
         batch_size: int = 1,
         should_stop: Callable[[], bool] | None = None,
+        known: Mapping[int, float] | None = None,
     ) -> None:
         if len(dense_window_nll) != windows.shape[0]:
             raise ValueError(f"{len(dense_window_nll)} dense window values for {windows.shape[0]} windows")
@@ -79,6 +85,8 @@ class CheapWindows:
         self._should_stop = should_stop
         self._copy: nn.Module | None = None  # made on the first window it scores
         self._dense = dense_window_nll
+        self._known = dict(known or {})
+        self.dense_scored: dict[int, float] = {}  # the dense model's values this object scored
         self._gap: dict[int, float] = {}
         self.windows_scored = 0  # simulated windows, corrected
         self.seconds = 0.0  # the copy, the dense windows and the corrected ones
@@ -112,11 +120,15 @@ class CheapWindows:
         return score
 
     def gaps(self, indices: Sequence[int]) -> list[float]:
-        """dense_dtype_i - dense_i for each window, the dense copy scored once per window."""
+        """dense_dtype_i - dense_i for each window, the dense copy scored once per window (never for a
+        window in `known`)."""
         started = time.perf_counter()
-        missing = [index for index in indices if index not in self._gap]
+        missing = [index for index in indices if index not in self._known and index not in self.dense_scored]
         if missing:
-            for index, value in zip(missing, self._score(missing), strict=True):
+            self.dense_scored.update(zip(missing, self._score(missing), strict=True))
+        for index in indices:
+            if index not in self._gap:
+                value = self._known[index] if index in self._known else self.dense_scored[index]
                 self._gap[index] = value - self._dense[index]
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
@@ -131,4 +143,9 @@ class CheapWindows:
     @property
     def dense_windows(self) -> int:
         """How many windows the dense copy has scored (each once)."""
-        return len(self._gap)
+        return len(self.dense_scored)
+
+    @property
+    def dense_reused(self) -> int:
+        """How many of the windows corrected took the dense value from `known`."""
+        return sum(index in self._known for index in self._gap)

@@ -63,6 +63,7 @@ class SimulationReport:
     models: list[SimulatedModel] = field(default_factory=list)  # `keep_models`: the face values, whole
     basis_dtype: str | None = None  # per-layer slicing: the dtype its basis streams ran in
     window_dtype: str | None = None  # to a precision: the dtype face values' further windows ran in
+    dense_windows: dict[str, int] | None = None  # their dense corrections: windows scored, and reused
 
 
 @dataclass(frozen=True)

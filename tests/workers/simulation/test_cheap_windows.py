@@ -86,6 +86,29 @@ def test_the_dense_gap_follows_the_stored_baseline_and_is_scored_once_per_window
         CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense[:-1])
 
 
+def test_dense_values_known_from_an_earlier_job_are_used_and_not_scored_again() -> None:
+    """What one job scored on the dense copy (`dense_scored`), handed to the next as `known`, gives
+    the same corrected windows without scoring the dense copy on them; a wrong known value moves
+    exactly its own window."""
+    model = build("llama")
+    dense = _window_nll(model, WINDOW_IDS)
+    simulated = _projected(_simulated(model, WINDOW_IDS[:2]), 0.5)
+    first = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    values = first.scorer(simulated)([1, 2, 3])
+    assert sorted(first.dense_scored) == [1, 2, 3] and first.dense_reused == 0
+    second = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense, known=first.dense_scored)
+    assert second.scorer(simulated)([1, 2, 3]) == values
+    assert second.dense_windows == 0 and second.dense_reused == 3
+    off = {**first.dense_scored, 2: first.dense_scored[2] + 0.5}
+    third = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense, known=off)
+    assert third.scorer(simulated)([1, 2, 3]) == pytest.approx(
+        [values[0], values[1] - 0.5, values[2]], abs=1e-12
+    )
+    fourth = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense, known={1: first.dense_scored[1]})
+    assert fourth.scorer(simulated)([1, 2, 3]) == values
+    assert sorted(fourth.dense_scored) == [2, 3] and fourth.dense_reused == 1
+
+
 def _refined(model: torch.nn.Module, cheap: CheapWindows | None) -> tuple[dict[Any, Any], SimulationReport]:
     order = window_order(WINDOWS, 42)
     report = _simulated(model, WINDOW_IDS[torch.tensor(pilot_windows(order, 4))])
