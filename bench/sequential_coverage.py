@@ -12,7 +12,8 @@ point's band against its own full-window value, and the windows it took. Torch-f
 
 Rules (`RULES`): `sequential` is the job's; `two_stage` takes the windows its pilot projects
 (`windows_needed`, Stein's two-stage idea: the sample size is fixed by the pilot's spread, so the
-stop does not wait for a spread that came out small by chance) and bands on all of them.
+stop does not wait for a spread that came out small by chance) and bands on all of them; `first_16`
+is the job's rule with no look at the band before 16 windows.
 
     .venv/bin/python bench/sequential_coverage.py --runs bench/out/precision_curves-smollm2-135m.json
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,12 +58,18 @@ def two_stage(values: Values, order: Sequence[int], precision: float, covariate:
     return estimate(taken, [values[i] for i in taken], len(order), covariate)
 
 
-RULES: dict[str, Rule] = {"sequential": sequential, "two_stage": two_stage}
+def first_16(values: Values, order: Sequence[int], precision: float, covariate: Values) -> WindowEstimate:
+    """The job's rule with no look at the band before 16 windows."""
+    score = lambda indices: [values[i] for i in indices]  # noqa: E731
+    return estimate_sequentially(score, order, precision, covariate, first=16)
+
+
+RULES: dict[str, Rule] = {"sequential": sequential, "two_stage": two_stage, "first_16": first_16}
 
 
 def replay(
     curve: dict[float, Values], dense: Values, order: Sequence[int], precision: float, rule: Rule
-) -> dict[float, WindowEstimate]:
+) -> tuple[float | None, dict[float, WindowEstimate]]:
     """Every face value of `curve` (per-window NLL by sparsity) in `order`, as `refine_points` does."""
     pilot = list(order[:FIRST_WINDOWS])
     reference = choose_reference(
@@ -74,41 +82,50 @@ def replay(
             found[sparsity] = estimate(list(order), [values[i] for i in order], len(order), None)
         else:
             found[sparsity] = rule(values, order, precision, covariate)
-    return found
+    return reference, found
 
 
-def study(curve: dict[float, Values], dense: Values, precision: float, orders: int) -> dict[str, Any]:
+def study(
+    curve: dict[float, Values], dense: Values, swept: dict[float, float], precision: float, orders: int
+) -> dict[str, Any]:
     """Per rule over `orders` seeded orders: coverage of the full-window value (non-reference points),
-    per point and pooled, and the windows the curve took on average."""
+    per point and pooled, the same for the swept value (`swept`: PPL by sparsity, the method itself),
+    and the windows the curve took on average."""
     rows: dict[str, Any] = {}
     for name, rule in RULES.items():
         held: dict[float, int] = dict.fromkeys(curve, 0)
+        held_swept = 0
         banded: dict[float, int] = dict.fromkeys(curve, 0)
         windows = []
-        references = 0
+        references = every_window = 0
         for seed in range(orders):
             order = window_order(len(dense), seed)
-            found = replay(curve, dense, order, precision, rule)
+            reference, found = replay(curve, dense, order, precision, rule)
             windows.append(sum(estimated.windows for estimated in found.values()))
-            references += any(estimated.complete for estimated in found.values())
+            references += reference is not None
             for sparsity, estimated in found.items():
-                if estimated.complete:
+                if estimated.complete:  # the full-window value itself: no band to score
+                    every_window += sparsity != reference
                     continue
                 truth = statistics.fmean(curve[sparsity])
                 banded[sparsity] += 1
                 held[sparsity] += abs(estimated.nll_mean - truth) <= estimated.half_log
+                held_swept += abs(estimated.nll_mean - math.log(swept[sparsity])) <= estimated.half_log
         total = sum(banded.values())
         rows[name] = {
             "coverage": sum(held.values()) / total if total else None,
             "coverage_by_point": {f"{s:g}": held[s] / banded[s] for s in curve if banded[s]},
+            "coverage_of_swept": held_swept / total if total else None,
             "mean_windows": statistics.fmean(windows),
             "orders_with_reference": references,
+            "other_points_on_every_window": every_window,
         }
     return rows
 
 
-def curves_of(run: dict[str, Any]) -> dict[str, tuple[dict[float, Values], Values]]:
-    """Each method's simulated curve on every window, and the dense windows, from a precision run."""
+def curves_of(run: dict[str, Any]) -> dict[str, tuple[dict[float, Values], Values, dict[float, float]]]:
+    """Each method's simulated curve on every window, the dense windows and the swept PPL by sparsity,
+    from a precision run."""
     dense = run["dense_pass"]["window_nll"]
     found = {}
     for method, entry in run["methods"].items():
@@ -116,8 +133,9 @@ def curves_of(run: dict[str, Any]) -> dict[str, tuple[dict[float, Values], Value
         curve = {
             float(at): p["window_nll"] for at, p in points.items() if len(p["window_nll"] or ()) == len(dense)
         }
+        swept = {float(at): p["value"] for at, p in entry["sweep"]["curve"].items()}
         if curve:
-            found[method] = (curve, dense)
+            found[method] = (curve, dense, swept)
     return found
 
 
@@ -130,10 +148,10 @@ def main() -> None:
     report = harness.start_report(with_torch=False, orders=args.orders, results={})
     for path in args.runs:
         run = json.loads(path.read_text())
-        for method, (curve, dense) in curves_of(run).items():
+        for method, (curve, dense, swept) in curves_of(run).items():
             for precision in args.precision:
                 key = f"{run['model']} {method} precision={precision:g}"
-                report["results"][key] = study(curve, dense, precision, args.orders)
+                report["results"][key] = study(curve, dense, swept, precision, args.orders)
                 print(key, report["results"][key])
                 harness.write_report(args.out, report)
     harness.finish_report(args.out, report)

@@ -26,7 +26,9 @@ class SecondMoment:
         """`products`: the dtype each chunk's product is computed in before it joins the float64
         sums. float64 is slicing's (the reference's); float32 halves the time on a CPU and leaves
         each entry off by the float32 rounding of a MOMENT_ROWS-term sum (a few 1e-7 relative),
-        which the profile accepts (bench/README.md measured what it does to the spectra)."""
+        which the profile accepts (bench/README.md measured what it does to the spectra). A float32
+        chunk's product is taken whole, not block by block: on the CPU ten strided float32 block
+        products cost more than the float64 ones, one whole float32 product about half."""
         self._lower = torch.zeros(width, width, dtype=torch.float64, device=device)  # (D, D), lower blocks
         self._products = products
         self.positions = 0
@@ -56,11 +58,11 @@ class SecondMoment:
                 x.masked_fill_(~mask[:, None], 0.0)
             if unit_rows:
                 x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+            if self._products != torch.float64:  # one whole product: cheaper than ten strided ones
+                self._lower += (x.T @ x).double()  # `matrix` reads its lower blocks only
+                continue
             for begin, end in self._edges:  # column block j: rows j.. of C's block column j
-                if self._products == torch.float64:
-                    self._lower[begin:, begin:end].addmm_(x[:, begin:].T, x[:, begin:end])
-                else:
-                    self._lower[begin:, begin:end] += (x[:, begin:].T @ x[:, begin:end]).double()
+                self._lower[begin:, begin:end].addmm_(x[:, begin:].T, x[:, begin:end])
         self.positions += int(kept.sum())
 
 
