@@ -155,13 +155,23 @@ def test_slicings_further_windows_run_in_bfloat16_where_native_and_say_so(
         assert default["value"] != plain["value"]
         timings = default["protocol"]["simulation"]["engine_timings_s"]
         assert 0 <= timings["cheap_windows_dense"] < timings["cheap_windows"]
-        past_pilot = WINDOWS - 8
-        assert default["protocol"]["simulation"]["dense_windows"] == {"scored": past_pilot, "reused": 0}
-        body = simulate_body(model, sparsities=[0.4], anchors=[], perplexity=_protocol(1e-4))
-        (later,) = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
-        # the dense model's bfloat16 windows were kept with its baseline: none is scored again
-        assert later["protocol"]["simulation"]["dense_windows"] == {"scored": 0, "reused": past_pilot}
-        assert (
-            "dense_windows" not in plain["protocol"]["simulation"]
-            or not plain["protocol"]["simulation"]["dense_windows"]
+    assert plain["protocol"]["simulation"]["dense_windows"] is None  # float32: no correction
+
+
+def test_the_dense_models_bfloat16_windows_are_kept_with_its_baseline_and_reused(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path
+) -> None:
+    """Asked for bfloat16 (on any CPU), a SliceGPT job scores the dense model's bfloat16 windows its
+    correction needs and keeps them; a later curve of the same model and protocol reuses every one."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    past_pilot = WINDOWS - 8
+    records = []
+    for sparsity in (0.5, 0.4):
+        body = simulate_body(
+            model, sparsities=[sparsity], anchors=[], perplexity=_protocol(1e-4), window_dtype="bfloat16"
         )
+        (row,) = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+        assert row["protocol"]["simulation"]["window_dtype"] == "bfloat16"
+        records.append(row["protocol"]["simulation"]["dense_windows"])
+    assert records == [{"scored": past_pilot, "reused": 0}, {"scored": 0, "reused": past_pilot}]

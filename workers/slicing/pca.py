@@ -27,8 +27,8 @@ class SecondMoment:
         sums. float64 is slicing's (the reference's); float32 halves the time on a CPU and leaves
         each entry off by the float32 rounding of a MOMENT_ROWS-term sum (a few 1e-7 relative),
         which the profile accepts (bench/README.md measured what it does to the spectra). A float32
-        chunk's product is taken whole, not block by block: on the CPU ten strided float32 block
-        products cost more than the float64 ones, one whole float32 product about half."""
+        chunk's product is taken whole, not block by block: on SmolLM2's width one whole float32
+        product took 0.76x the ten float64 block products (bench/README.md, `moment_products.py`)."""
         self._lower = torch.zeros(width, width, dtype=torch.float64, device=device)  # (D, D), lower blocks
         self._products = products
         self.positions = 0
@@ -58,7 +58,7 @@ class SecondMoment:
                 x.masked_fill_(~mask[:, None], 0.0)
             if unit_rows:
                 x /= x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-            if self._products != torch.float64:  # one whole product: cheaper than ten strided ones
+            if self._products != torch.float64:  # one whole product (0.76x the float64 blocks)
                 self._lower += (x.T @ x).double()  # `matrix` reads its lower blocks only
                 continue
             for begin, end in self._edges:  # column block j: rows j.. of C's block column j
