@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import structlog
 from sqlalchemy import Delete, delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from core import job_outputs, lifecycle
@@ -103,8 +104,16 @@ class JobContext:
             return None
 
     def write_cache(self, work: Callable[[Session], None], what: str) -> None:
-        """Keep what a later job may reuse but can recompute (one try; an outage is logged)."""
-        self._best_effort(work, what)
+        """Keep what a later job may reuse but can recompute (one try; an outage is logged).
+
+        A cache write refused by the store's constraints (e.g. the row it hangs on was deleted while
+        the job ran) is logged and dropped too: the job's own outcome must not turn on its cache."""
+        try:
+            self._best_effort(work, what)
+        except IntegrityError as error:
+            self.log.warning(
+                "the store refused a cache write; carrying on without it", what=what, reason=str(error.orig)
+            )
 
     # -- progress and stopping -------------------------------------------------------------
     def report(self, stage: str, progress: float, detail: str | None = None) -> None:

@@ -17,6 +17,7 @@ from core.store import Store, StoreUnavailable
 from core.tables import Base, Job, JobStatus, Result
 from workers import tasks
 from workers.context import JobContext, JobStopped
+from workers.kinds.dense_windows import store_dense_windows, stored_dense_windows
 
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 
@@ -148,3 +149,28 @@ def test_the_embedded_worker_hands_the_queue_to_a_fresh_thread_when_its_job_hang
     finally:
         release.set()
         queue.close()
+
+
+def test_a_cache_write_the_store_refuses_is_dropped_but_other_errors_still_surface(
+    store: Store, worker_settings: Callable[..., Settings]
+) -> None:
+    context = JobContext.claim(store, worker_settings(), queued(store))
+    assert context is not None
+    with store.session() as session:
+        kept = Result(model_id="m", method="dense", metric="ppl", dataset="d", value=2.0)
+        session.add(kept)
+        session.flush()
+        kept_id = kept.id
+    key = "bfloat16 on cpu (test)"
+    # the baseline the windows hang on is gone (deleted while the job ran): the foreign key refuses
+    context.write_cache(lambda s: store_dense_windows(s, kept_id + 1, key, {0: 1.5}), "keeping windows")
+    context.write_cache(lambda s: store_dense_windows(s, kept_id, key, {0: 1.5}), "keeping windows")
+    with store.session() as session:
+        assert stored_dense_windows(session, kept_id, key) == {0: 1.5}
+        assert stored_dense_windows(session, kept_id + 1, key) == {}
+
+    def broken(session: object) -> None:
+        raise ValueError("a bug, not the store")
+
+    with pytest.raises(ValueError, match="a bug"):
+        context.write_cache(broken, "keeping windows")
