@@ -149,10 +149,13 @@ def test_slicings_further_windows_run_in_bfloat16_where_native_and_say_so(
     assert default["protocol"]["simulation"]["window_dtype"] == cheap
     assert plain["protocol"]["simulation"]["window_dtype"] == "float32"
     assert default["protocol"]["sampling"]["windows"] == plain["protocol"]["sampling"]["windows"] == WINDOWS
-    assert default["protocol"]["window_nll"][:8] == plain["protocol"]["window_nll"][:8]  # the pilot
+    assert plain["protocol"]["simulation"]["pilot_on_copy"] is False  # no copy: the pass scores it
+    assert default["protocol"]["simulation"]["pilot_on_copy"] is (cheap == "bfloat16")
     assert math.isclose(default["value"], plain["value"], rel_tol=5e-2)
     if cheap == "bfloat16":
         assert default["value"] != plain["value"]
+        pilots = default["protocol"]["window_nll"][:8], plain["protocol"]["window_nll"][:8]
+        assert pilots[0] != pilots[1] and pilots[0] == pytest.approx(pilots[1], rel=5e-2)
         timings = default["protocol"]["simulation"]["engine_timings_s"]
         assert 0 <= timings["cheap_windows_dense"] < timings["cheap_windows"]
     assert plain["protocol"]["simulation"]["dense_windows"] is None  # float32: no correction
@@ -162,16 +165,20 @@ def test_the_dense_models_bfloat16_windows_are_kept_with_its_baseline_and_reused
     api: TestClient, start_worker: Any, tiny_model_dir: Path
 ) -> None:
     """Asked for bfloat16 (on any CPU), a SliceGPT job scores the dense model's bfloat16 windows its
-    correction needs and keeps them; a later curve of the same model and protocol reuses every one."""
+    correction needs (the pilot's too: with no anchor it runs on the copy) and keeps them; a later
+    curve of the same model and protocol reuses every one. With an anchor, which rests on the pass's
+    pilot, the pilot stays in the pass and only the windows past it run on the copy."""
     worker = start_worker()
     model = str(tiny_model_dir)
-    past_pilot = WINDOWS - 8
-    records = []
-    for sparsity in (0.5, 0.4):
+    records, on_copy = [], []
+    for sparsity, anchors in ((0.5, []), (0.4, [0.4])):
         body = simulate_body(
-            model, sparsities=[sparsity], anchors=[], perplexity=_protocol(1e-4), window_dtype="bfloat16"
+            model, sparsities=[sparsity], anchors=anchors, perplexity=_protocol(1e-4), window_dtype="bfloat16"
         )
-        (row,) = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+        rows = [r for r in _run(api, worker, body) if r["source"] == "simulated" and r["law"] is None]
+        (row,) = [r for r in rows if r["protocol"]["simulation"]["role"] == "simulated"]
         assert row["protocol"]["simulation"]["window_dtype"] == "bfloat16"
+        on_copy.append(row["protocol"]["simulation"]["pilot_on_copy"])
         records.append(row["protocol"]["simulation"]["dense_windows"])
-    assert records == [{"scored": past_pilot, "reused": 0}, {"scored": 0, "reused": past_pilot}]
+    assert on_copy == [True, False]
+    assert records == [{"scored": WINDOWS, "reused": 0}, {"scored": 0, "reused": WINDOWS - 8}]

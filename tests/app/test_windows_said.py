@@ -43,5 +43,7 @@ def test_the_answer_says_the_dense_model_where_it_paired_the_points() -> None:
 def test_the_answer_says_where_windows_past_the_pilot_ran_in_a_cheaper_dtype() -> None:
     said = _window_dtype_said({"window_dtype": "bfloat16"}, "float32")
     assert "windows past the pilot scored in bfloat16" in said and "dense model's bfloat16 gap" in said
+    on_copy = _window_dtype_said({"window_dtype": "bfloat16", "pilot_on_copy": True}, "float32")
+    assert "the pilot and further windows scored in bfloat16" in on_copy  # no anchor: the pilot too
     assert _window_dtype_said({"window_dtype": "float32"}, "float32") == ""  # the model's own: nothing to say
     assert _window_dtype_said({}, "float32") == ""  # rows stored before the field, or every window

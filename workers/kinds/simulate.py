@@ -50,7 +50,13 @@ from workers.kinds.accuracy_steps import measure_accuracy
 from workers.kinds.job_data import Prepared
 from workers.kinds.prune_steps import PrepareSpans, lap, prepare
 from workers.kinds.rows import compared_accuracy_results, perplexity_protocol, stored_method
-from workers.kinds.simulate_windows import PointKey, pilot_windows, refine_to_precision
+from workers.kinds.simulate_windows import (
+    PointKey,
+    pilot_in_pass,
+    pilot_windows,
+    refine_to_precision,
+    window_copy_dtype,
+)
 from workers.kinds.steps import stage_progress, step_reporter
 from workers.offload import suspended
 from workers.simulation import (
@@ -84,7 +90,13 @@ def run(context: JobContext) -> None:
         raise JobFailure(f"perplexity: {error}") from error
     precision = spec.perplexity.precision
     order = None if precision is None else window_order(windows.shape[0], spec.seed)
-    eval_ids = windows if order is None else windows[torch.tensor(pilot_windows(order, FIRST_WINDOWS))]
+    copy_dtype = None if order is None else window_copy_dtype(spec, prepared)
+    if order is None:
+        eval_ids = windows
+    elif pilot_in_pass(spec, copy_dtype):
+        eval_ids = windows[torch.tensor(pilot_windows(order, FIRST_WINDOWS))]
+    else:  # the pilot runs on the copy with the further windows: the pass only makes the bases
+        eval_ids = windows[:0]
     calibration = prepared.calibration
     options = SimulationOptions(
         layout=spec.layout,
@@ -131,7 +143,17 @@ def run(context: JobContext) -> None:
     if order is not None and precision is not None:
         refining_started = time.perf_counter()
         estimates = refine_to_precision(
-            context, prepared, spec, report, windows, order, precision, pass_end, simulated_end
+            context,
+            prepared,
+            spec,
+            report,
+            windows,
+            order,
+            precision,
+            pass_end,
+            simulated_end,
+            copy_dtype=copy_dtype,
+            pilot_size=FIRST_WINDOWS,
         )
         timings["windows_s"] = lap(refining_started)
     scored: list[tuple[SimulatedModel, list[ScoredTask]]] = []
@@ -323,6 +345,7 @@ def _simulation_record(
         "basis_dtype": report.basis_dtype if role == SIMULATED else None,
         "window_dtype": report.window_dtype if role == SIMULATED else None,
         "dense_windows": report.dense_windows if role == SIMULATED else None,
+        "pilot_on_copy": report.pilot_on_copy if role == SIMULATED else None,
         "width": width,
         # the method's own model up to float rounding (an anchor always is), not an approximation
         "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),

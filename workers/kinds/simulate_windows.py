@@ -15,7 +15,9 @@ curve's middle point is scored on every window first and the others are paired w
 With `cheap` (SliceGPT on a float32 model where bfloat16 is native: `workers.simulation.cheap_windows`)
 the further windows run on a bfloat16 copy, each corrected by the dense model's own bfloat16 gap on it;
 the dense model's bfloat16 windows are kept with its baseline, so each is scored once
-(`workers.kinds.dense_windows`).
+(`workers.kinds.dense_windows`). A curve with such a copy and no anchor scores its pilot there too
+(`pilot_in_pass`): the pass then makes only the bases, and each face value's pilot is its first
+windows on the copy, which cost about two thirds of a float32 one.
 """
 
 from __future__ import annotations
@@ -41,12 +43,28 @@ from workers.evaluation.sampled_perplexity import window_scorer
 from workers.kinds.dense_windows import scored_on, store_dense_windows, stored_dense_windows
 from workers.kinds.job_data import Prepared
 from workers.kinds.steps import band_reporter, stage_progress
-from workers.simulation import SIMULATED, SimulationReport
+from workers.simulation import SIMULATED, SimulatedPoint, SimulationReport
 from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
 from workers.simulation.whole_models import ProjectedModel, SimulatedModel
 
 PointKey = tuple[float, str]
 """A simulated point by (sparsity, role)."""
+
+
+def window_copy_dtype(spec: SimulateJobCreate, prepared: Prepared) -> torch.dtype | None:
+    """The dtype of the copy a SliceGPT face value's windows run on (`resolve_window_dtype`); None
+    where they run on the job's model itself (the mask methods, the stock layout)."""
+    if METHODS[spec.method].simulation is not Simulation.projection or spec.layout == STOCK_LAYOUT:
+        return None
+    return resolve_window_dtype(spec.window_dtype, prepared.loaded.model, prepared.loaded.device)
+
+
+def pilot_in_pass(spec: SimulateJobCreate, copy_dtype: torch.dtype | None) -> bool:
+    """Whether the simulation's pass scores the pilot. An anchor rests on it (paired with its face
+    value on those very windows, in the model's dtype), so with anchors it stays there; without, a
+    face value that has a copy scores its pilot on the copy too, where a window costs about two thirds
+    of one through the pass's float32 blocks (bench/README.md, `precision_curves.py`)."""
+    return copy_dtype is None or bool(spec.anchors)
 
 
 def refine_to_precision(
@@ -59,9 +77,13 @@ def refine_to_precision(
     precision: float,
     start: float,
     end: float,
+    *,
+    copy_dtype: torch.dtype | None,
+    pilot_size: int,
 ) -> dict[PointKey, WindowEstimate]:
     """Every point of a simulate job to its precision, paired with the dense baseline's per-window NLL;
-    SliceGPT's further windows on a cheaper copy where `resolve_window_dtype` says (recorded in `report`)."""
+    SliceGPT's windows past the pass on a `copy_dtype` copy (`window_copy_dtype`, recorded in `report`),
+    the pilot's `pilot_size` windows among them where the pass scored none."""
     dense_windows = prepared.dense.protocol.get("window_nll") or []
     if len(dense_windows) != windows.shape[0]:
         raise JobFailure(
@@ -70,22 +92,20 @@ def refine_to_precision(
         )
     model, dense_id = prepared.loaded.model, prepared.dense.id
     cheap, key = None, ""
-    if METHODS[spec.method].simulation is Simulation.projection and spec.layout != STOCK_LAYOUT:
-        dtype = resolve_window_dtype(spec.window_dtype, model, prepared.loaded.device)
-        if dtype is not None:
-            key = scored_on(dtype, prepared.loaded.device)
-            known = context.read(
-                lambda session: stored_dense_windows(session, dense_id, key), "reading the dense windows"
-            )
-            cheap = CheapWindows(
-                model,
-                dtype,
-                windows,
-                dense_windows,
-                batch_size=spec.perplexity.batch_size,
-                should_stop=context.should_stop,
-                known=known,
-            )
+    if copy_dtype is not None:
+        key = scored_on(copy_dtype, prepared.loaded.device)
+        known = context.read(
+            lambda session: stored_dense_windows(session, dense_id, key), "reading the dense windows"
+        )
+        cheap = CheapWindows(
+            model,
+            copy_dtype,
+            windows,
+            dense_windows,
+            batch_size=spec.perplexity.batch_size,
+            should_stop=context.should_stop,
+            known=known,
+        )
     try:
         return refine_points(
             context,
@@ -99,6 +119,7 @@ def refine_to_precision(
             start=start,
             end=end,
             cheap=cheap,
+            pilot_size=pilot_size,
         )
     except EvaluationStopped:
         context.check_stop()
@@ -130,18 +151,40 @@ def refine_points(
     start: float,
     end: float,
     cheap: CheapWindows | None = None,
+    pilot_size: int | None = None,
 ) -> dict[PointKey, WindowEstimate]:
     """Each point's estimate for the full-window value of `windows` (W, T), its pilot being the first
-    windows of `order` (what the report's points scored); face values refined to `precision`, their
-    further windows on `cheap`'s copy where given."""
-    pilot = list(order[: len(report.points[0].scores.per_window)]) if report.points else []
+    windows of `order`: those the report's points scored, or where the pass scored none the first
+    `pilot_size`, scored here through each face value's whole model; face values refined to
+    `precision`, their windows on `cheap`'s copy where given."""
     models = {simulated.sparsity: simulated for simulated in report.models}
     population = windows.shape[0]
     found: dict[PointKey, WindowEstimate] = {}
     faces = [point for point in report.points if point.role == SIMULATED]
+    pilots = {_key(point): point.scores.per_window for point in report.points}
+    passed = len(report.points[0].scores.per_window) if report.points else 0
+    pilot = list(order[: passed or pilot_size or 0])
+    report.pilot_on_copy = not passed and bool(report.points)
+    if report.pilot_on_copy:
+        if (
+            pilot_size is None
+            or len(faces) < len(report.points)
+            or any(f.sparsity not in models for f in faces)
+        ):
+            raise ValueError(
+                "a pilot off the pass needs pilot_size and every point a face value with its model"
+            )
+        for position, face in enumerate(faces):
+            context.report(
+                "scoring windows",
+                stage_progress(start, end, position, len(faces)),
+                f"s={face.sparsity:g} ({position + 1}/{len(faces)}): the pilot's {len(pilot)} windows",
+            )
+            with _scoring(models[face.sparsity], model, windows, batch_size, context, cheap) as score:
+                pilots[_key(face)] = list(score(pilot))
     if all(face.sparsity in models for face in faces):
         reference = choose_reference(
-            {face.sparsity: face.scores.per_window for face in faces},
+            {face.sparsity: pilots[_key(face)] for face in faces},
             [dense_window_nll[index] for index in pilot],
             population,
             precision,
@@ -151,7 +194,7 @@ def refine_points(
     covariate, paired_with = dense_window_nll, DENSE_PAIRING
     faces.sort(key=lambda face: face.sparsity != reference)  # the reference first
     for position, point in enumerate(faces):
-        scored = point.scores.per_window
+        scored = pilots[_key(point)]
         simulated = models.get(point.sparsity)
         low = stage_progress(start, end, position, len(faces))
         high = stage_progress(start, end, position + 1, len(faces))
@@ -181,9 +224,7 @@ def refine_points(
             covariate, paired_with = by_index(estimated), reference_label(point.sparsity)
     for point in report.points:
         if point.role != SIMULATED:
-            found[(point.sparsity, point.role)] = estimate(
-                pilot, point.scores.per_window, population, dense_window_nll
-            )
+            found[_key(point)] = estimate(pilot, pilots[_key(point)], population, dense_window_nll)
     return found
 
 
@@ -203,6 +244,10 @@ def _scoring(
         return
     with simulated.applied(model):
         yield window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop)
+
+
+def _key(point: SimulatedPoint) -> PointKey:
+    return (point.sparsity, point.role)
 
 
 def by_index(found: WindowEstimate) -> list[float]:

@@ -1,6 +1,6 @@
-"""A simulated SliceGPT point's further windows scored in bfloat16, corrected by the dense model's gap.
+"""A simulated SliceGPT point's windows scored in bfloat16, corrected by the dense model's gap.
 
-Past the pilot, a face value's windows run through its whole simulated model (`whole_models`), one
+To a precision, a face value's windows run through its whole simulated model (`whole_models`), one
 forward per window; that is most of what a curve to a precision costs (bench/README.md,
 `precision_curves.py`). Where the device multiplies bfloat16 natively and the model is float32, those
 windows run on a bfloat16 copy of the model instead, and each window's value is corrected by what
@@ -11,8 +11,10 @@ bfloat16 does to the dense model on that very window:
 so the paired difference to the dense model is taken within one dtype (`dense_i` is the stored
 float32 baseline). What is left is the difference between what bfloat16 does to the pruned and to the
 dense model on a window, a bias the band does not cover: measured in `bench/window_dtype.py` (see
-docs/science.md, "Simulated curves") before it became the default. The pilot, every anchor and the
-mask methods stay in the model's dtype (a mask simulation is the method itself, exactly).
+docs/science.md, "Simulated curves") before it became the default. Without anchors the pilot runs
+on the copy too, the simulation's pass then only making the bases (`workers.kinds.simulate_windows`);
+every anchor, the pilot it rests on, and the mask methods stay in the model's dtype (a mask
+simulation is the method itself, exactly).
 
 The dense model's values in the copy's dtype depend only on the baseline, so a job starts from those
 a store already holds (`known`) and hands back those it scored (`dense_scored`) to be kept

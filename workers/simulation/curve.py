@@ -64,6 +64,7 @@ class SimulationReport:
     basis_dtype: str | None = None  # per-layer slicing: the dtype its basis streams ran in
     window_dtype: str | None = None  # to a precision: the dtype face values' further windows ran in
     dense_windows: dict[str, int] | None = None  # their dense corrections: windows scored, and reused
+    pilot_on_copy: bool = False  # to a precision: the pilot ran with the further windows, not in the pass
 
 
 @dataclass(frozen=True)

@@ -84,4 +84,5 @@ def score_windows(head: Float32Head, batches: list[BlockBatch], ids: torch.Tenso
                 total += nll.double().sum().cpu()
             sums.append(total)
         start += batch.hidden.shape[0]
-    return WindowScores(torch.stack(sums), int(ids.shape[1]) - 1)
+    nll = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)  # a pass that scored none
+    return WindowScores(nll, int(ids.shape[1]) - 1)

@@ -127,7 +127,8 @@ def _window_dtype_said(simulation: dict[str, Any], dtype: str | None) -> str:
     cheap = simulation.get("window_dtype")
     if not cheap or cheap == dtype:
         return ""
-    return f"; windows past the pilot scored in {cheap}, each corrected by the dense model's {cheap} gap"
+    which = "the pilot and further windows" if simulation.get("pilot_on_copy") else "windows past the pilot"
+    return f"; {which} scored in {cheap}, each corrected by the dense model's {cheap} gap"
 
 
 def _windows_said(rows: list[Result]) -> str:

@@ -109,9 +109,13 @@ def test_dense_values_known_from_an_earlier_job_are_used_and_not_scored_again() 
     assert sorted(fourth.dense_scored) == [2, 3] and fourth.dense_reused == 1
 
 
-def _refined(model: torch.nn.Module, cheap: CheapWindows | None) -> tuple[dict[Any, Any], SimulationReport]:
+def _refined(
+    model: torch.nn.Module, cheap: CheapWindows | None, *, pilot_in_pass: bool = True
+) -> tuple[dict[Any, Any], SimulationReport]:
+    """A curve to 0.05 with a 4-window pilot, scored by the pass or (not `pilot_in_pass`) after it."""
     order = window_order(WINDOWS, 42)
-    report = _simulated(model, WINDOW_IDS[torch.tensor(pilot_windows(order, 4))])
+    pilot = pilot_windows(order, 4) if pilot_in_pass else []
+    report = _simulated(model, WINDOW_IDS[torch.tensor(pilot, dtype=torch.long)])
     dense = _window_nll(model, WINDOW_IDS)
     found = refine_points(
         cast(JobContext, _Context()),
@@ -125,6 +129,7 @@ def _refined(model: torch.nn.Module, cheap: CheapWindows | None) -> tuple[dict[A
         start=0.0,
         end=1.0,
         cheap=cheap,
+        pilot_size=None if pilot_in_pass else 4,
     )
     return found, report
 
@@ -152,6 +157,27 @@ def test_the_pilot_stays_in_the_models_dtype_and_only_further_windows_run_cheap(
         assert list(refined.window_nll[: len(pilot)]) == pilot  # bit for bit: not rescored
         further += refined.windows - len(pilot)
     assert further > 0 and cheap.windows_scored == further
+
+
+def test_a_pilot_the_pass_did_not_score_is_each_face_values_own_whole_model_on_those_windows() -> None:
+    """The same curve whether the pass or each face value's whole model scores the pilot (the same
+    arithmetic); on a copy, the pilot is its corrected windows like the rest."""
+    model = build("llama")
+    in_pass, _ = _refined(model, None)
+    off_pass, report = _refined(model, None, pilot_in_pass=False)
+    assert all(not point.scores.per_window for point in report.points)  # the pass scored no window
+    assert off_pass.keys() == in_pass.keys()
+    for key, found in in_pass.items():
+        assert off_pass[key].indices == found.indices
+        assert off_pass[key].window_nll == pytest.approx(found.window_nll, abs=1e-5)
+    dense = _window_nll(model, WINDOW_IDS)
+    cheap = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    on_copy, _ = _refined(model, cheap, pilot_in_pass=False)
+    assert cheap.windows_scored == sum(found.windows for found in on_copy.values())  # the pilot too
+    pilot = on_copy[(0.35, SIMULATED)].indices[:4]
+    alone = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    simulated = _projected(report, 0.35)
+    assert list(on_copy[(0.35, SIMULATED)].window_nll[:4]) == alone.scorer(simulated)(pilot)
 
 
 def test_the_window_dtype_is_what_the_job_asks_else_bfloat16_where_native_and_resident() -> None:
