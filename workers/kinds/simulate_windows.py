@@ -164,8 +164,9 @@ def refine_points(
     pilots = {_key(point): point.scores.per_window for point in report.points}
     passed = len(report.points[0].scores.per_window) if report.points else 0
     pilot = list(order[: passed or pilot_size or 0])
-    report.pilot_on_copy = not passed and bool(report.points)
-    if report.pilot_on_copy:
+    off_pass = not passed and bool(report.points)
+    report.pilot_on_copy = off_pass and cheap is not None
+    if off_pass:
         if (
             pilot_size is None
             or len(faces) < len(report.points)
