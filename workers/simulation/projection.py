@@ -22,10 +22,10 @@ Where the bases come from decides how close the simulation is:
   the last block output too).
 PCA as slicing's (`workers.slicing.pca`): float64 moments, 1 % damping, eigenvectors by eigenvalue.
 The calibration streams (not the tracks, not an anchor's) may run a copy of each block in a cheaper
-dtype, their moments still summed in float64 (`workers.simulation.streams_dtype` says when). A
-stream of 16-bit signals (not an anchor's) takes each chunk's product in float32, whose rounding
-(a few 1e-7 of an entry) is far below the bfloat16 rounding of the signal it multiplies (4e-3 of
-each element).
+dtype, their moments still summed and multiplied in float64 (`workers.simulation.streams_dtype` says
+when). Their products stay float64 even for bfloat16 signals: float32 products (a few 1e-7 of an
+entry) moved SmolLM2's every-window curve by 1-1.5 % at s = 0.4 and 0.5 through the sequential
+streams, for about 8 s of a curve (bench/README.md, `moment_products.py`).
 
 Cost: the calibration streams' block passes and moments (one D x D eigendecomposition per stream and
 signal) and, per simulated sparsity, the evaluation windows' block passes plus two (W T x D x d)
@@ -299,9 +299,7 @@ def _signal(
 def _advance_stream(projection: Projection, stream: BasisStream, advance: Advance, measure: bool) -> None:
     """One calibration stream to its next signal; with `measure`, that signal's basis, and the stream
     projected on it if sequential."""
-    coarse = bool(stream.batches) and torch.finfo(stream.batches[0].hidden.dtype).bits < 32
-    products = torch.float32 if coarse and not stream.model_dtype else torch.float64  # bfloat16 signals
-    moment = SecondMoment(projection.full, projection.compute, products) if measure else None
+    moment = SecondMoment(projection.full, projection.compute) if measure else None
     reference = stream.reference if measure else None
     cross = CrossMoment(projection.full, projection.compute) if reference is not None else None
     for index, batch in enumerate(stream.batches):
