@@ -87,7 +87,8 @@ class SimulateJobCreate(ModelSpec):
         description="`slicegpt` per-layer with a `perplexity.precision` only: the dtype a face value's "
         "windows scored to reach the precision run in, on a copy of the model, each window corrected by "
         "the dense model's own gap between that dtype and `dtype` on it; without anchors the 8-window "
-        "pilot runs there too (an anchor rests on a pilot scored in `dtype`). null: bfloat16 for a resident float32 model where the device computes it "
+        "pilot runs there too (an anchor rests on a pilot scored in `dtype`). null: bfloat16 for a "
+        "resident float32 model where the device computes it "
         'natively (docs/science.md, "Simulated curves", says what it cost in error), else `dtype`. '
         "The result's `simulation.window_dtype` says which ran.",
     )

@@ -9,7 +9,8 @@ Stages and the share of the job's progress each one covers:
     simulating      0.12-1.00  detail "(S sparsities, A anchors): block i/L", then every curve's
                                windows are read through the head (to 0.70 with `accuracy`); with a
                                `precision` (the default) the pass runs on an 8-window pilot to
-                               halfway, then
+                               halfway (SliceGPT with a bfloat16 copy and no anchors: on none, its
+                               pilot scored on the copy next), then
     scoring windows            detail "s=<s> (j/S): window i of at most W, band ±x %": each face
                                value on further windows until its band reaches the precision
                                (`workers.kinds.simulate_windows`; SliceGPT's on a bfloat16 copy
