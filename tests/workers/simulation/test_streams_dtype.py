@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from tests.workers.slicing.tiny import FAMILY_CASES, build, mean_nll, token_ids
-from workers.simulation import ANCHOR, SIMULATED, SimulationOptions, SimulationReport, simulate_curve
+from workers.simulation import (
+    ANCHOR,
+    SIMULATED,
+    SimulationOptions,
+    SimulationReport,
+    projection,
+    simulate_curve,
+)
 from workers.simulation.streams_dtype import computes_bfloat16_natively, resolve_streams_dtype
 from workers.slicing.engine import slice_model
 
@@ -54,6 +61,21 @@ def test_bfloat16_streams_move_the_curve_by_rounding_only(case: str) -> None:
 def test_streams_in_the_models_own_dtype_are_the_default_bit_for_bit() -> None:
     model = build("llama")
     assert _curve(model, streams_dtype=torch.float32) == _curve(model)
+
+
+def test_bfloat16_streams_take_their_moment_products_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 products, fine for one signal (4e-8 of an entry), moved SmolLM2's curve 1-1.5 % through
+    30 blocks of sequential streams (bench/README.md, `moment_products.py`): the streams keep float64."""
+    made: list[torch.dtype] = []
+
+    class Recorded(projection.SecondMoment):
+        def __init__(self, width: int, device: torch.device, products: torch.dtype = torch.float64) -> None:
+            made.append(products)
+            super().__init__(width, device, products)
+
+    monkeypatch.setattr(projection, "SecondMoment", Recorded)
+    _curve(build("llama"), streams_dtype=torch.bfloat16)
+    assert made and set(made) == {torch.float64}
 
 
 @pytest.mark.parametrize("case", ["llama", "gemma3"])
