@@ -201,7 +201,7 @@ def refine_points(
         high = stage_progress(start, end, position + 1, len(faces))
         prefix = f"s={point.sparsity:g} ({position + 1}/{len(faces)}): "
         if simulated is None:
-            found[(point.sparsity, point.role)] = estimate(pilot, scored, population, dense_window_nll)
+            found[_key(point)] = estimate(pilot, scored, population, dense_window_nll)
             continue
         is_reference = point.sparsity == reference
         with _scoring(simulated, model, windows, batch_size, context, cheap) as score:
@@ -220,7 +220,7 @@ def refine_points(
                     prefix + ("every window, the reference: " if is_reference else ""),
                 ),
             )
-        found[(point.sparsity, point.role)] = estimated
+        found[_key(point)] = estimated
         if is_reference:
             covariate, paired_with = by_index(estimated), reference_label(point.sparsity)
     for point in report.points:
