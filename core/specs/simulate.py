@@ -24,9 +24,12 @@ DEFAULT_BASES: BasisSource = "sequential"
 """Per-layer slicing's default: bases of the projected stream, as SliceGPT takes them (dense-stream
 bases were 0.29-0.41 off at the median; bench/README.md, "simulate_curves.py")."""
 DEFAULT_BASIS_FRACTION = 0.75
-"""`sequential` bases come from this share of the calibration windows unless `basis_windows` says. Fixed
-after SmolLM2's 8- and 16-of-32-window errors (0.225, 0.106) fell like 1/windows, before Gemma ran;
-at 24 of 32 the median error was 0.027 (SmolLM2) and 0.022 (Gemma), at about a sweep's cost."""
+"""Float32 `sequential` bases come from this share of the calibration windows unless `basis_windows`
+says. Fixed after SmolLM2's 8- and 16-of-32-window errors (0.225, 0.106) fell like 1/windows, before
+Gemma ran; at 24 of 32 the median error was 0.027 (SmolLM2) and 0.022 (Gemma), at about a sweep's
+cost. Bfloat16 streams take every window: on SmolLM2 they were 0.0047 from SliceGPT's own bases
+there for 0.58x slicing's passes, where three quarters left 0.025 (bench/README.md,
+`basis_windows.py`), most of a 0.03 error budget before any window is sampled."""
 MIN_BASIS_WINDOWS = 8
 MAX_SIMULATED_SPARSITIES = 20
 MAX_ANCHORS = 4
@@ -71,8 +74,10 @@ class SimulateJobCreate(ModelSpec):
     basis_windows: int | None = Field(
         None,
         ge=1,
-        description="`sequential` bases: how many calibration windows they are taken from. null: "
-        f"{DEFAULT_BASIS_FRACTION:g} of `calibration.num_sequences` (at least {MIN_BASIS_WINDOWS}).",
+        description="`sequential` bases: how many calibration windows they are taken from. null: every "
+        "one where the streams run in bfloat16 (`basis_dtype`), else "
+        f"{DEFAULT_BASIS_FRACTION:g} of `calibration.num_sequences` (at least {MIN_BASIS_WINDOWS}). "
+        "The result's `simulation.basis_windows` says how many.",
     )
     basis_dtype: BasisDtype | None = Field(
         None,
@@ -181,10 +186,12 @@ class SimulateJobCreate(ModelSpec):
         """The per-layer bases' stream (meaningful for per-layer slicing only)."""
         return self.bases or DEFAULT_BASES
 
-    @property
-    def sequential_windows(self) -> int:
-        """Calibration windows each sparsity's sequential bases are taken from."""
+    def sequential_windows(self, streams_in_bfloat16: bool) -> int:
+        """Calibration windows each sparsity's sequential bases are taken from: all of them where the
+        streams run in bfloat16, which costs less than three quarters in float32 and is closer."""
         if self.basis_windows is not None:
             return self.basis_windows
+        if streams_in_bfloat16:
+            return self.calibration.num_sequences
         share = round(DEFAULT_BASIS_FRACTION * self.calibration.num_sequences)
         return min(self.calibration.num_sequences, max(MIN_BASIS_WINDOWS, share))

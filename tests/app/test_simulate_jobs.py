@@ -37,7 +37,9 @@ def test_a_simulation_stores_simulated_anchor_and_anchored_points_apart_from_mea
     worker = start_worker()
     model = str(tiny_model_dir)
     every_window = {**PERPLEXITY, "precision": None}  # each point on all 3 windows, banded for the split
-    job = api.post("/v1/jobs", json=simulate_body(model, perplexity=every_window)).json()
+    calibration = {**CALIBRATION, "num_sequences": 12}  # three quarters: 9, so 5 batches of 2
+    body = simulate_body(model, perplexity=every_window, calibration=calibration)
+    job = api.post("/v1/jobs", json=body).json()
     done = wait_done(api, job["id"], worker)
     assert done["status"] == "succeeded", done
 
@@ -57,6 +59,10 @@ def test_a_simulation_stores_simulated_anchor_and_anchored_points_apart_from_mea
         (r["protocol"]["simulation"]["role"], r["protocol"]["simulation"]["basis_dtype"]) for r in simulated
     }
     assert dtypes == {("simulated", cheap), ("anchor", None)}
+    # bfloat16 streams take every calibration window; float32 ones three quarters, in whole batches
+    face_rows = [r for r in simulated if r["protocol"]["simulation"]["role"] == "simulated"]
+    windows = {r["protocol"]["simulation"]["basis_windows"] for r in face_rows}
+    assert windows == {12 if cheap == "bfloat16" else 10}
     anchored = by_role[("simulated", "anchored")]
     assert set(face) == set(anchors) == set(anchored) == {0.25, 0.5}
     for sparsity in (0.25, 0.5):  # two anchors: the line in s passes through both

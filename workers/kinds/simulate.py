@@ -99,13 +99,13 @@ def run(context: JobContext) -> None:
     else:  # the pilot runs on the copy with the further windows: the pass only makes the bases
         eval_ids = windows[:0]
     calibration = prepared.calibration
+    model_dtype = prepared.loaded.model.dtype
+    streams_dtype = resolve_streams_dtype(spec.basis_dtype, model_dtype, prepared.loaded.device)
     options = SimulationOptions(
         layout=spec.layout,
         bases=spec.basis_source,
-        basis_windows=spec.sequential_windows,
-        streams_dtype=resolve_streams_dtype(
-            spec.basis_dtype, prepared.loaded.model.dtype, prepared.loaded.device
-        ),
+        basis_windows=spec.sequential_windows((streams_dtype or model_dtype) == torch.bfloat16),
+        streams_dtype=streams_dtype,
         round_to=spec.round_to,
         slice_head=spec.slice_head,
         calibration_batch_size=spec.calibration.batch_size,

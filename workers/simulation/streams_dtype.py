@@ -4,8 +4,10 @@ Why bfloat16 by default where the device computes it natively (bench/README.md, 
 SmolLM2-135M, five sparsities): the streams only feed second moments, summed in float64, whose top
 directions are the bases, and bfloat16 rounding barely moves them. Bases from every calibration
 window in bfloat16 gave the float32 every-window curve within 0.0047 median / 0.0095 max in ln PPL,
-for 0.54x the streams' seconds; from the default three quarters of the windows 0.025 / 0.036
-against float32's 0.029 / 0.054, for 0.53x. The rule was fixed on SmolLM2 before Gemma ran. The
+for 0.54x the streams' seconds; from three quarters of the windows 0.025 / 0.036 against
+float32's 0.029 / 0.054, for 0.53x. The rule was fixed on SmolLM2 before Gemma ran. Bfloat16
+streams now take every window by default (`SimulateJobCreate.sequential_windows`), still cheaper
+than float32's three quarters. The
 model, the evaluation windows and an anchor's stream (the method itself) stay in the job's dtype.
 Where bfloat16 is emulated (a CPU without AVX512-BF16 or AMX, a GPU before Ampere) it would cost
 more, so the streams keep the model's dtype there.
