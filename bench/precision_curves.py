@@ -134,7 +134,7 @@ def compare(
     for at, point in way.items():
         swept = truth[at]["value"]
         errors.append(abs(math.log(point["value"] / swept)))
-        if point["low"] is not None and point["windows"] != own_windows(own, at):
+        if point["low"] is not None and point["windows"] != truth[at]["windows"]:  # every window: no band
             covered_truth.append(point["low"] <= swept <= point["high"])
             if own is not None:
                 full = own[at]["value"]
@@ -212,11 +212,6 @@ def run_curves(
         entry["prune_default_precision"] = prune_to_precision(
             client, args, method, truth[f"{args.prune_sparsity:g}"]["value"]
         )
-
-
-def own_windows(own: dict[str, Any] | None, at: str) -> int | None:
-    """The windows the full-window run scored at `at`: a point that used them all has no band."""
-    return None if own is None else own[at]["windows"]
 
 
 STUDY_DRAWS = 2000
