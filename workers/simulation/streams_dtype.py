@@ -7,10 +7,9 @@ window in bfloat16 gave the float32 every-window curve within 0.0047 median / 0.
 for 0.54x the streams' seconds; from three quarters of the windows 0.025 / 0.036 against
 float32's 0.029 / 0.054, for 0.53x. The rule was fixed on SmolLM2 before Gemma ran. Bfloat16
 streams now take every window by default (`SimulateJobCreate.sequential_windows`), still cheaper
-than float32's three quarters. The
-model, the evaluation windows and an anchor's stream (the method itself) stay in the job's dtype.
-Where bfloat16 is emulated (a CPU without AVX512-BF16 or AMX, a GPU before Ampere) it would cost
-more, so the streams keep the model's dtype there.
+than float32's three quarters. The model, the evaluation windows and an anchor's stream (the
+method itself) stay in the job's dtype. Where bfloat16 is emulated (a CPU without AVX512-BF16 or
+AMX, a GPU before Ampere) it would cost more, so the streams keep the model's dtype there.
 """
 
 from __future__ import annotations
