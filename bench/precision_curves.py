@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     made.add_argument(
         "--window-dtype",
         choices=["float32", "bfloat16"],
-        help="slicegpt's `window_dtype` at the default precision (unset: the job's default)",
+        help="`window_dtype` at the default precision (unset: the job's default; the mask methods'"
+        " windows run in bfloat16 only when asked)",
     )
     made.add_argument(
         "--prune-only",
@@ -191,7 +192,7 @@ def run_curves(
         if precision is None and args.skip_every_window:
             continue
         body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
-        if precision is not None and method == "slicegpt" and args.window_dtype is not None:
+        if precision is not None and args.window_dtype is not None:
             body["window_dtype"] = args.window_dtype
         job = submit(client, body, args)
         ways[name] = curve(job, "simulated")

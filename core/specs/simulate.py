@@ -89,13 +89,16 @@ class SimulateJobCreate(ModelSpec):
     )
     window_dtype: WindowDtype | None = Field(
         None,
-        description="`slicegpt` per-layer with a `perplexity.precision` only: the dtype a face value's "
-        "windows scored to reach the precision run in, on a copy of the model, each window corrected by "
-        "the dense model's own gap between that dtype and `dtype` on it; without anchors the 8-window "
-        "pilot runs there too (an anchor rests on a pilot scored in `dtype`). null: bfloat16 for a "
-        "resident float32 model where the device computes it "
-        'natively (docs/science.md, "Simulated curves", says what it cost in error), else `dtype`. '
-        "The result's `simulation.window_dtype` says which ran.",
+        description="With a `perplexity.precision` only: the dtype a face value's windows scored to reach "
+        "the precision run in, on a copy of the model, each window corrected by the dense model's own gap "
+        "between that dtype and `dtype` on it; without anchors the 8-window pilot runs there too (an "
+        "anchor rests on a pilot scored in `dtype`). null: for `slicegpt` per-layer, bfloat16 for a "
+        'resident float32 model where the device computes it natively (docs/science.md, "Simulated '
+        'curves", says what it cost in error), else `dtype`; for the mask methods `dtype`, so that '
+        "magnitude's simulation stays the pruned model itself (bfloat16 must be asked for: the masks "
+        "are still picked on the `dtype` weights, and the row is then not `exact`). Not for the stock "
+        "layout, which simulates the method itself. The result's `simulation.window_dtype` says which "
+        "ran.",
     )
     round_to: int = Field(8, ge=1, le=128, description=ROUND_TO_DESCRIPTION)
     slice_head: bool | None = Field(None, description=SLICE_HEAD_DESCRIPTION)
@@ -154,12 +157,10 @@ class SimulateJobCreate(ModelSpec):
                 "basis_dtype applies to slicegpt in the per-layer layout only (the stock layout's basis is "
                 "slicing's own pooled pass; the mask methods have no basis streams); leave it null"
             )
-        if self.window_dtype is not None and (
-            entry.simulation is not Simulation.projection or self.layout == STOCK_LAYOUT
-        ):
+        if self.window_dtype is not None and self.layout == STOCK_LAYOUT:
             raise ValueError(
-                "window_dtype applies to slicegpt in the per-layer layout only (the stock layout and the "
-                "mask methods simulate the method itself, exactly, in `dtype`); leave it null"
+                "window_dtype does not apply to the stock layout (its simulation is the sliced model "
+                "itself, in `dtype`); leave it null"
             )
         if self.window_dtype is not None and self.perplexity.precision is None:
             raise ValueError(

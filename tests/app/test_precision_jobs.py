@@ -182,3 +182,28 @@ def test_the_dense_models_bfloat16_windows_are_kept_with_its_baseline_and_reused
         records.append(row["protocol"]["simulation"]["dense_windows"])
     assert on_copy == [True, False]
     assert records == [{"scored": WINDOWS, "reused": 0}, {"scored": 0, "reused": WINDOWS - 8}]
+
+
+@pytest.mark.parametrize("method", ["magnitude", "wanda"])
+def test_a_mask_curve_runs_its_windows_in_bfloat16_only_when_asked_and_is_then_not_exact(
+    api: TestClient, start_worker: Any, tiny_model_dir: Path, method: str
+) -> None:
+    """A mask simulation stays in the model's dtype by default (magnitude's is the pruned model
+    itself); asked for bfloat16, its pilot and further windows run on the copy, gap-corrected, and
+    the row says so and no longer claims to be exact."""
+    worker = start_worker()
+    model = str(tiny_model_dir)
+    runs = {}
+    for asked in (None, "bfloat16"):
+        body = simulate_body(
+            model, method=method, sparsities=[0.5], anchors=[], perplexity=_protocol(1e-4), window_dtype=asked
+        )
+        runs[asked] = [r for r in _run(api, worker, body) if r["source"] == "simulated"]
+    (plain,), (cheap,) = runs[None], runs["bfloat16"]
+    said = plain["protocol"]["simulation"], cheap["protocol"]["simulation"]
+    assert said[0]["window_dtype"] == "float32" and said[1]["window_dtype"] == "bfloat16"
+    assert said[0]["exact"] is (method == "magnitude") and said[1]["exact"] is False
+    assert said[0]["pilot_on_copy"] is False and said[1]["pilot_on_copy"] is True
+    assert said[0]["dense_windows"] is None and said[1]["dense_windows"] == {"scored": WINDOWS, "reused": 0}
+    assert plain["protocol"]["sampling"]["windows"] == cheap["protocol"]["sampling"]["windows"] == WINDOWS
+    assert cheap["value"] != plain["value"] and math.isclose(cheap["value"], plain["value"], rel_tol=5e-2)

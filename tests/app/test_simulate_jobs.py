@@ -116,7 +116,6 @@ def test_a_method_without_a_simulation_or_a_bad_option_is_refused_up_front(
     )
     assert_problem(api.post("/v1/jobs", json=simulate_body(model, basis_dtype="float16")), 422)
     for refused in (
-        dict(method="wanda", window_dtype="bfloat16"),  # a mask simulation is the method, exactly
         dict(layout="stock", window_dtype="bfloat16"),
         dict(window_dtype="bfloat16", perplexity={**PERPLEXITY, "precision": None}),  # no further windows
         dict(window_dtype="float16"),

@@ -9,12 +9,13 @@ Stages and the share of the job's progress each one covers:
     simulating      0.12-1.00  detail "(S sparsities, A anchors): block i/L", then every curve's
                                windows are read through the head (to 0.70 with `accuracy`); with a
                                `precision` (the default) the pass runs on an 8-window pilot to
-                               halfway (SliceGPT with a bfloat16 copy and no anchors: on none, its
-                               pilot scored on the copy next), then
+                               halfway (with a bfloat16 copy and no anchors: on none, its pilot
+                               scored on the copy next), then
     scoring windows            detail "s=<s> (j/S): window i of at most W, band ±x %": each face
                                value on further windows until its band reaches the precision
-                               (`workers.kinds.simulate_windows`; SliceGPT's on a bfloat16 copy
-                               where native, `workers.simulation.cheap_windows`)
+                               (`workers.kinds.simulate_windows`; on a bfloat16 copy for SliceGPT
+                               where native, for a mask method where asked:
+                               `workers.simulation.cheap_windows`)
     accuracy        0.70-1.00  with `accuracy`: each simulated sparsity's whole model scored on the
                                tasks, detail "s=<s> (j/S): <task> i/N"
 
@@ -349,7 +350,8 @@ def _simulation_record(
         "pilot_on_copy": report.pilot_on_copy if role == SIMULATED else None,
         "width": width,
         # the method's own model up to float rounding (an anchor always is), not an approximation
-        "exact": role == ANCHOR or METHODS[spec.method].simulates_exactly(spec.layout),
+        "exact": role == ANCHOR
+        or (METHODS[spec.method].simulates_exactly(spec.layout) and not report.windows_on_copy),
         "anchors": spec.anchors,
         "family": report.family,
         "calibration_tokens": report.calibration_tokens,

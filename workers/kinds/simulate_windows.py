@@ -12,12 +12,13 @@ The face values are paired with the dense model's windows, or, where the pilot s
 windows (`core.prediction.curve_pairing`: slicing's damage differs much from window to window), the
 curve's middle point is scored on every window first and the others are paired with it.
 
-With `cheap` (SliceGPT on a float32 model where bfloat16 is native: `workers.simulation.cheap_windows`)
-the further windows run on a bfloat16 copy, each corrected by the dense model's own bfloat16 gap on it;
-the dense model's bfloat16 windows are kept with its baseline, so each is scored once
-(`workers.kinds.dense_windows`). A curve with such a copy and no anchor scores its pilot there too
-(`pilot_in_pass`): the pass then makes only the bases, and each face value's pilot is its first
-windows on the copy, which cost about two thirds of a float32 one.
+With `cheap` (SliceGPT on a float32 model where bfloat16 is native, or a mask method whose job asks
+for it: `workers.simulation.cheap_windows`) the further windows run on a bfloat16 copy, each corrected
+by the dense model's own bfloat16 gap on it; the dense model's bfloat16 windows are kept with its
+baseline, so each is scored once (`workers.kinds.dense_windows`). A curve with such a copy and no
+anchor scores its pilot there too (`pilot_in_pass`): the pass then makes only the bases or the
+statistics, and each face value's pilot is its first windows on the copy, which cost about two thirds
+of a float32 one.
 """
 
 from __future__ import annotations
@@ -45,17 +46,19 @@ from workers.kinds.job_data import Prepared
 from workers.kinds.steps import band_reporter, stage_progress
 from workers.simulation import SIMULATED, SimulatedPoint, SimulationReport
 from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
-from workers.simulation.whole_models import ProjectedModel, SimulatedModel
+from workers.simulation.whole_models import MaskedModel, ProjectedModel, SimulatedModel
 
 PointKey = tuple[float, str]
 """A simulated point by (sparsity, role)."""
 
 
 def window_copy_dtype(spec: SimulateJobCreate, prepared: Prepared) -> torch.dtype | None:
-    """The dtype of the copy a SliceGPT face value's windows run on (`resolve_window_dtype`); None
-    where they run on the job's model itself (the mask methods, the stock layout)."""
-    if METHODS[spec.method].simulation is not Simulation.projection or spec.layout == STOCK_LAYOUT:
+    """The dtype of the copy a face value's windows run on (`resolve_window_dtype`); None where they
+    run on the job's model itself (the stock layout; a mask method unless its job asks)."""
+    if spec.layout == STOCK_LAYOUT:
         return None
+    if METHODS[spec.method].simulation is not Simulation.projection and spec.window_dtype is None:
+        return None  # a mask simulation stays the method itself unless asked
     return resolve_window_dtype(spec.window_dtype, prepared.loaded.model, prepared.loaded.device)
 
 
@@ -238,10 +241,14 @@ def _scoring(
     context: JobContext,
     cheap: CheapWindows | None,
 ) -> Iterator[WindowScorer]:
-    """`simulated`'s window scorer: on `cheap`'s copy (which applies it per call) for a projected
-    model, else on `model` with `simulated` applied for the length of the `with`."""
+    """`simulated`'s window scorer: on `cheap`'s copy where given (a projection applied per call, masks
+    for the length of the `with`), else on `model` with `simulated` applied for the `with`."""
     if cheap is not None and isinstance(simulated, ProjectedModel):
         yield cheap.scorer(simulated)
+        return
+    if cheap is not None and isinstance(simulated, MaskedModel):
+        with cheap.masked_scorer(simulated) as score:
+            yield score
         return
     with simulated.applied(model):
         yield window_scorer(model, windows, batch_size=batch_size, should_stop=context.should_stop)

@@ -7,6 +7,7 @@ kind, so masks and solvers always see rows = outputs and columns = inputs.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from workers.architectures import FamilyAdapter
@@ -32,12 +33,13 @@ def block_linears(adapter: FamilyAdapter, block: nn.Module) -> list[tuple[str, n
     return linears
 
 
+def linear_weights(adapter: FamilyAdapter, model: nn.Module) -> list[torch.Tensor]:
+    """Every block linear's (out, in) weight view, in block order."""
+    blocks = adapter.blocks(model)
+    return [weight_out_in(module) for block in blocks for _, module in block_linears(adapter, block)]
+
+
 def prunable_counts(adapter: FamilyAdapter, model: nn.Module) -> tuple[int, int]:
     """(weights, zero weights) over every block linear of the model."""
-    total = zeros = 0
-    for block in adapter.blocks(model):
-        for _, module in block_linears(adapter, block):
-            weight = weight_out_in(module)  # (out, in)
-            total += weight.numel()
-            zeros += int((weight == 0).sum())
-    return total, zeros
+    weights = linear_weights(adapter, model)
+    return sum(weight.numel() for weight in weights), sum(int((weight == 0).sum()) for weight in weights)

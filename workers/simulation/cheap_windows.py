@@ -1,4 +1,4 @@
-"""A simulated SliceGPT point's windows scored in bfloat16, corrected by the dense model's gap.
+"""A simulated point's windows scored in bfloat16, corrected by the dense model's gap.
 
 To a precision, a face value's windows run through its whole simulated model (`whole_models`), one
 forward per window; that is most of what a curve to a precision costs (bench/README.md,
@@ -11,33 +11,41 @@ bfloat16 does to the dense model on that very window:
 so the paired difference to the dense model is taken within one dtype (`dense_i` is the stored
 float32 baseline). What is left is the difference between what bfloat16 does to the pruned and to the
 dense model on a window, a bias the band does not cover: measured in `bench/window_dtype.py` (see
-docs/science.md, "Simulated curves") before it became the default. Without anchors the pilot runs
-on the copy too, the simulation's pass then only making the bases (`workers.kinds.simulate_windows`);
-every anchor, the pilot it rests on, and the mask methods stay in the model's dtype (a mask
-simulation is the method itself, exactly).
+docs/science.md, "Simulated curves") before it became SliceGPT's default. Without anchors the pilot
+runs on the copy too, the simulation's pass then only making the bases or the statistics
+(`workers.kinds.simulate_windows`); every anchor and the pilot it rests on stay in the model's dtype.
+
+A mask method's windows go on the copy only when the job asks (`window_dtype`): its simulation is
+otherwise the method itself, exactly. Its masks are still picked on the model's own weights (a
+bfloat16 weight would reorder near-ties), and the copy takes the masked weights, cast, for the
+length of the point (`masked_scorer`).
 
 The dense model's values in the copy's dtype depend only on the baseline, so a job starts from those
 a store already holds (`known`) and hands back those it scored (`dense_scored`) to be kept
 (`workers.kinds.dense_windows`).
 
-Memory: the copy is half the float32 model; it is made only where the model is resident (an offloaded
-model has no room for one) and dropped when the curve is done.
+Memory: the copy is half the float32 model (a mask point adds its masked linears in the copy's dtype);
+it is made only where the model is resident (an offloaded model has no room for one) and dropped when
+the curve is done.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from core.prediction.paired_windows import WindowScorer
+from workers.architectures import FamilyAdapter
 from workers.evaluation.sampled_perplexity import window_scorer
 from workers.offload import offloaded
+from workers.pruning.linears import linear_weights
 from workers.simulation.streams_dtype import resolve_streams_dtype
-from workers.simulation.whole_models import ProjectedModel
+from workers.simulation.whole_models import MaskedModel, ProjectedModel
 
 CUDA_HEADROOM = 2.0
 """On a GPU the copy is made only where free memory holds this many float32 copies of the model
@@ -93,6 +101,8 @@ class CheapWindows:
         self.windows_scored = 0  # simulated windows, corrected
         self.seconds = 0.0  # the copy, the dense windows and the corrected ones
         self.dense_seconds = 0.0  # of which the copy and the dense windows (the correction's cost)
+        self._masked: tuple[FamilyAdapter, list[torch.Tensor]] | None = None  # a mask point's weights
+        self._copy_masked = False  # whether the copy holds them now
 
     @property
     def model(self) -> nn.Module:
@@ -121,12 +131,50 @@ class CheapWindows:
 
         return score
 
+    @contextmanager
+    def masked_scorer(self, simulated: MaskedModel) -> Iterator[WindowScorer]:
+        """Scores windows by index on `simulated` in this dtype, each corrected by the dense gap: the
+        masks picked on the model's own weights, the copy holding them cast for the `with`."""
+        _ = self.model  # the copy is made from the dense model, before any mask
+        with simulated.applied(self._model):
+            weights = linear_weights(simulated.adapter, self._model)
+            masked = [weight.to(self.dtype, copy=True) for weight in weights]
+        self._masked = (simulated.adapter, masked)
+
+        def score(indices: Sequence[int]) -> list[float]:
+            gaps = self.gaps(indices)
+            started = time.perf_counter()
+            self._hold(masked=True)
+            values = self._score(indices)
+            self.windows_scored += len(indices)
+            self.seconds += time.perf_counter() - started
+            return [value - gap for value, gap in zip(values, gaps, strict=True)]
+
+        try:
+            yield score
+        finally:
+            self._hold(masked=False)
+            self._masked = None
+
+    def _hold(self, *, masked: bool) -> None:
+        """Put the mask point's weights in the copy, or the dense ones back (cast from the model's,
+        which is how the copy was made, so the copy is again what it was)."""
+        if self._masked is None or masked == self._copy_masked:
+            return
+        adapter, weights = self._masked
+        source = weights if masked else linear_weights(adapter, self._model)
+        with torch.no_grad():
+            for target, value in zip(linear_weights(adapter, self.model), source, strict=True):
+                target.copy_(value)
+        self._copy_masked = masked
+
     def gaps(self, indices: Sequence[int]) -> list[float]:
         """dense_dtype_i - dense_i for each window, the dense copy scored once per window (never for a
         window in `known`)."""
         started = time.perf_counter()
         missing = [index for index in indices if index not in self._known and index not in self.dense_scored]
         if missing:
+            self._hold(masked=False)
             self.dense_scored.update(zip(missing, self._score(missing), strict=True))
         for index in indices:
             if index not in self._gap:

@@ -66,6 +66,11 @@ class SimulationReport:
     dense_windows: dict[str, int] | None = None  # their dense corrections: windows scored, and reused
     pilot_on_copy: bool = False  # to a precision: the pilot ran with the further windows, not in the pass
 
+    @property
+    def windows_on_copy(self) -> bool:
+        """Whether face values' windows ran on a copy in another dtype (then not the method exactly)."""
+        return self.dense_windows is not None
+
 
 @dataclass(frozen=True)
 class SimulationOptions:

@@ -80,6 +80,8 @@ def simulate_masked(
         if kept_statistics is not None:
             kept_statistics.append(dense)
         for track in tracks:
+            if not track.batches and track.calibration is None:
+                continue  # no window here: its pilot runs on a copy later (`workers.kinds.simulate_windows`)
             rule, statistics = masking.face, dense
             if track.calibration is not None:  # the method itself on its own pruned stream
                 rule = masking.own

@@ -3,6 +3,7 @@ the pilot and the job's model untouched, the model's own dtype the same numbers 
 
 from __future__ import annotations
 
+import copy
 from typing import Any, cast
 
 import pytest
@@ -15,10 +16,11 @@ from workers.context import JobContext
 from workers.evaluation.perplexity import window_nll_sums
 from workers.kinds.simulate_windows import pilot_windows, refine_points
 from workers.offload import offload
+from workers.pruning.linears import linear_weights
 from workers.simulation import SIMULATED, SimulationOptions, SimulationReport, simulate_curve
 from workers.simulation.cheap_windows import CheapWindows, resolve_window_dtype
 from workers.simulation.streams_dtype import computes_bfloat16_natively
-from workers.simulation.whole_models import ProjectedModel
+from workers.simulation.whole_models import MaskedModel, ProjectedModel
 
 WINDOW_IDS = token_ids(WINDOWS, SEQLEN, seed=3)
 
@@ -191,3 +193,45 @@ def test_the_window_dtype_is_what_the_job_asks_else_bfloat16_where_native_and_re
     offload(model, model.model.layers, cpu)  # no room for a copy of a model that streams its blocks
     assert resolve_window_dtype(None, model, cpu) is None
     assert resolve_window_dtype("bfloat16", model, cpu) is None  # asked for, but no room: the model's own
+
+
+def _masked(model: torch.nn.Module, method: str) -> MaskedModel:
+    options = SimulationOptions(calibration_batch_size=4, keep_models=True)
+    calibration = None if method == "magnitude" else CALIBRATION
+    windows = WINDOW_IDS[:2]
+    report = simulate_curve(model, method, windows, [0.5], calibration_ids=calibration, options=options)
+    (found,) = report.models
+    assert isinstance(found, MaskedModel)
+    return found
+
+
+@pytest.mark.parametrize(("case", "method"), [("llama", "magnitude"), ("gemma3", "wanda")])
+def test_a_mask_points_copy_holds_its_float32_masks_cast_and_each_window_is_corrected(
+    case: str, method: str
+) -> None:
+    """The masks are picked on the float32 weights; the copy scores with them cast, each window less
+    the dense gap; between points (and while the dense copy scores a window) the copy is the dense
+    model cast again, and the job's model is never changed."""
+    model = build(case)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    dense = _window_nll(model, WINDOW_IDS)
+    masked = _masked(model, method)
+    cheap = CheapWindows(model, torch.bfloat16, WINDOW_IDS, dense)
+    with cheap.masked_scorer(masked) as score:
+        corrected = score([5, 0]) + score([7])  # window 7's dense value is scored between the two
+
+    pruned = build(case)
+    with masked.applied(pruned):
+        pruned_bf16 = copy.deepcopy(pruned).to(torch.bfloat16)
+    zeros = [weight == 0 for weight in linear_weights(masked.adapter, pruned_bf16)]
+    assert all(bool(zero.any()) for zero in zeros)
+    masked_bf16 = _window_nll(pruned_bf16, WINDOW_IDS)
+    dense_copy = build(case).to(torch.bfloat16)
+    dense_bf16 = _window_nll(dense_copy, WINDOW_IDS)
+    for value, index in zip(corrected, [5, 0, 7], strict=True):
+        assert value == pytest.approx(masked_bf16[index] - (dense_bf16[index] - dense[index]), abs=1e-6)
+    assert cheap.dense_windows == 3 and cheap.windows_scored == 3
+    for name, tensor in cheap.model.state_dict().items():  # the dense copy again, bit for bit
+        assert torch.equal(tensor, dense_copy.state_dict()[name])
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, before[name])
