@@ -18,6 +18,10 @@ order, each timed by its wall clock:
    keeps them with the baseline, the second (a model's later curves) reuses them;
 4. a `prune` at the default precision at `--prune-sparsity` (per mask method).
 
+With `--add-way bfloat16` it resumes the report at `--out` instead: per method swept there, one more
+simulation at the default precision with `window_dtype: bfloat16` on the same store (its dense
+baseline reused; no dense pass, no sweep), compared with the stored sweep and every-window curve.
+
 Per way: wall seconds, the cost split the jobs record (`timings`), |ln(simulated / swept)| median and
 maximum, the windows each point used, and how often each point's 95 % band covers (a) the simulation's
 own full-window value - what the band claims - and (b) the swept value. Writes
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 from typing import Any
@@ -73,6 +78,12 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="no simulation on every window (bands then scored against the swept value only; for "
         "magnitude, whose simulation is exact, that is its own full-window value)",
+    )
+    made.add_argument(
+        "--add-way",
+        choices=["bfloat16"],
+        help="resume --out on --home's store: per method one more curve at the default precision with "
+        "this `window_dtype`, against the sweep stored there",
     )
     made.add_argument("--timeout-s", type=float, default=7200.0)
     made.add_argument(
@@ -191,17 +202,8 @@ def run_curves(
     for name, precision in ways_asked:
         if precision is None and args.skip_every_window:
             continue
-        body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
-        if precision is not None and args.window_dtype is not None:
-            body["window_dtype"] = args.window_dtype
-        job = submit(client, body, args)
-        ways[name] = curve(job, "simulated")
-        entry[name] = {
-            "wall_s": job["wall_s"],
-            "ratio_to_sweep": round(job["wall_s"] / sweep["wall_s"], 3),
-            "timings": next(iter(ways[name].values()))["timings"],
-            "curve": ways[name],
-        }
+        window_dtype = args.window_dtype if precision is not None else None
+        ways[name] = simulate_way(client, args, method, precision, window_dtype, entry, name)
         harness.write_report(args.out, report)
     every_window = ways.get("simulate_every_window")
     if every_window is not None:
@@ -213,6 +215,43 @@ def run_curves(
         entry["prune_default_precision"] = prune_to_precision(
             client, args, method, truth[f"{args.prune_sparsity:g}"]["value"]
         )
+
+
+def simulate_way(
+    client: TestClient,
+    args: argparse.Namespace,
+    method: str,
+    precision: float | None,
+    window_dtype: str | None,
+    entry: dict[str, Any],
+    name: str,
+) -> dict[str, dict[str, Any]]:
+    """One simulated curve, its wall time against the sweep's, kept in `entry[name]`; its curve."""
+    body = {"kind": "simulate", "method": method, "sparsities": SPARSITIES, **common(args, precision)}
+    if window_dtype is not None:
+        body["window_dtype"] = window_dtype
+    job = submit(client, body, args)
+    way = curve(job, "simulated")
+    entry[name] = {
+        "wall_s": job["wall_s"],
+        "ratio_to_sweep": round(job["wall_s"] / entry["sweep"]["wall_s"], 3),
+        "timings": next(iter(way.values()))["timings"],
+        "curve": way,
+    }
+    return way
+
+
+def add_way(client: TestClient, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """`--add-way`: per swept method, the default precision with `window_dtype` set, on the same store."""
+    name = f"simulate_default_precision_{args.add_way}"
+    for method in args.methods:
+        entry = report["methods"][method]
+        load = list(os.getloadavg())
+        way = simulate_way(client, args, method, args.precision, args.add_way, entry, name)
+        entry[name]["load_average_start"] = load
+        every = (entry.get("simulate_every_window") or {}).get("curve")
+        entry[name] |= compare(way, entry["sweep"]["curve"], every)
+        harness.write_report(args.out, report)
 
 
 STUDY_DRAWS = 2000
@@ -270,6 +309,13 @@ def main() -> None:
             print(key, row)
         return
     settings = harness.embedded_store(args)
+    if args.add_way:
+        resumed: dict[str, Any] = json.loads(args.out.read_text())
+        with TestClient(create_app(settings, start_background=False)) as client:
+            add_way(client, args, resumed)
+        harness.finish_report(args.out, resumed)
+        print(summary(resumed))
+        return
     report = harness.start_report(
         model=args.model, protocol=common(args, None), default_precision=args.precision, methods={}
     )
@@ -304,13 +350,8 @@ def summary(report: dict[str, Any]) -> str:
             lines.append(f"{method}: sweep {entry['sweep']['wall_s']} s")
         else:
             lines.append(f"{method}: prune on every window {entry['prune_every_window']}")
-        for name in (
-            "simulate_every_window",
-            "simulate_default_precision",
-            "simulate_default_precision_again",
-        ):
-            way = entry.get(name)
-            if way:
+        for name, way in entry.items():
+            if name.startswith("simulate_"):
                 lines.append(
                     f"  {name}: {way['wall_s']} s (x{way['ratio_to_sweep']}), median |ln| "
                     f"{way['median_log_error']:.4f} max {way['max_log_error']:.4f}, "
