@@ -351,7 +351,7 @@ def summary(report: dict[str, Any]) -> str:
         else:
             lines.append(f"{method}: prune on every window {entry['prune_every_window']}")
         for name, way in entry.items():
-            if name.startswith("simulate_"):
+            if name.startswith("simulate_") and "median_log_error" in way:  # compared (a run ends so)
                 lines.append(
                     f"  {name}: {way['wall_s']} s (x{way['ratio_to_sweep']}), median |ln| "
                     f"{way['median_log_error']:.4f} max {way['max_log_error']:.4f}, "
