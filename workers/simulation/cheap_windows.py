@@ -120,16 +120,24 @@ class CheapWindows:
     def scorer(self, simulated: ProjectedModel) -> WindowScorer:
         """Scores windows by index on `simulated` in this dtype, each corrected by the dense gap."""
 
-        def score(indices: Sequence[int]) -> list[float]:
+        def score(indices: Sequence[int]) -> Sequence[float]:
+            with simulated.applied(self.model):
+                return self._score(indices)
+
+        return self._corrected(score)
+
+    def _corrected(self, score: WindowScorer) -> WindowScorer:
+        """`score` (the simulated windows on the copy), each window less its dense gap, counted."""
+
+        def corrected(indices: Sequence[int]) -> list[float]:
             gaps = self.gaps(indices)
             started = time.perf_counter()
-            with simulated.applied(self.model):
-                values = self._score(indices)
+            values = score(indices)
             self.windows_scored += len(indices)
             self.seconds += time.perf_counter() - started
             return [value - gap for value, gap in zip(values, gaps, strict=True)]
 
-        return score
+        return corrected
 
     @contextmanager
     def masked_scorer(self, simulated: MaskedModel) -> Iterator[WindowScorer]:
@@ -141,17 +149,12 @@ class CheapWindows:
             masked = [weight.to(self.dtype, copy=True) for weight in weights]
         self._masked = (simulated.adapter, masked)
 
-        def score(indices: Sequence[int]) -> list[float]:
-            gaps = self.gaps(indices)
-            started = time.perf_counter()
-            self._hold(masked=True)
-            values = self._score(indices)
-            self.windows_scored += len(indices)
-            self.seconds += time.perf_counter() - started
-            return [value - gap for value, gap in zip(values, gaps, strict=True)]
+        def score(indices: Sequence[int]) -> Sequence[float]:
+            self._hold(masked=True)  # after the gaps: the dense copy may have scored a window
+            return self._score(indices)
 
         try:
-            yield score
+            yield self._corrected(score)
         finally:
             self._hold(masked=False)
             self._masked = None
